@@ -1,0 +1,121 @@
+"""The runtime interface: one small abstract base, one private method per runtime.
+
+``ModelRuntime.run`` is the public entry point and enforces, before the
+runtime sees anything: every declared input is present and no unknown one;
+each array has the declared datatype and a compatible shape (``None`` dims
+are free); the total input size is within ``max_input_bytes``. Errors the
+runtime raises on valid input become ``InferenceError``. Subclasses implement
+``_run`` (and describe their model through ``inputs``, ``outputs`` and
+``accelerator``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from shared import TensorError, datatype_of, shape_compatible
+
+from .._errors import InferenceError, InvalidInputError
+
+__all__ = ["ModelRuntime", "TensorSpec"]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A model input or output: Open Inference Protocol datatype, ``None`` for a free dim."""
+
+    name: str
+    datatype: str
+    shape: tuple[int | None, ...]
+
+    def describe(self) -> str:
+        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.name}: {self.datatype}[{dims}]"
+
+
+class ModelRuntime(ABC):
+    """A loaded model that runs on this device."""
+
+    kind: ClassVar[str] = "runtime"
+
+    def __init__(self, *, name: str, version: str, max_input_bytes: int = 16 * 1024 * 1024) -> None:
+        self.name = name
+        self.version = version
+        self.max_input_bytes = max_input_bytes
+
+    @property
+    @abstractmethod
+    def inputs(self) -> tuple[TensorSpec, ...]: ...
+
+    @property
+    @abstractmethod
+    def outputs(self) -> tuple[TensorSpec, ...]: ...
+
+    @property
+    @abstractmethod
+    def accelerator(self) -> str:
+        """What actually runs the model, e.g. ``CPUExecutionProvider`` or ``XNNPACK``."""
+
+    def validate(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Check ``inputs`` against the model's specs; raise ``InvalidInputError`` if off."""
+        expected = {spec.name: spec for spec in self.inputs}
+        missing = [n for n in expected if n not in inputs]
+        unknown = [n for n in inputs if n not in expected]
+        if missing or unknown:
+            raise InvalidInputError(
+                f"model {self.name!r} takes inputs "
+                f"({', '.join(s.describe() for s in self.inputs)}); "
+                + (f"missing {missing}" if missing else "")
+                + ("; " if missing and unknown else "")
+                + (f"unknown {unknown}" if unknown else "")
+            )
+        total = 0
+        checked: dict[str, np.ndarray] = {}
+        for name, spec in expected.items():
+            array = inputs[name]
+            if not isinstance(array, np.ndarray):
+                raise InvalidInputError(f"input {name!r} must be a numpy array, got {type(array).__name__}")
+            try:
+                datatype = datatype_of(array)
+            except TensorError as e:
+                raise InvalidInputError(f"input {name!r}: {e}") from e
+            if datatype != spec.datatype:
+                raise InvalidInputError(
+                    f"input {name!r} of model {self.name!r} must be {spec.datatype}, got {datatype}"
+                )
+            if not shape_compatible(array.shape, spec.shape):
+                raise InvalidInputError(
+                    f"input {name!r} of model {self.name!r} must have shape "
+                    f"{spec.describe().split(':', 1)[1].strip()}, got {list(array.shape)}"
+                )
+            total += array.nbytes
+            checked[name] = array
+        if total > self.max_input_bytes:
+            raise InvalidInputError(
+                f"inputs take {total} bytes; this runtime accepts at most {self.max_input_bytes}"
+            )
+        return checked
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Validate, then run the model. Raises ``InvalidInputError`` or ``InferenceError``."""
+        checked = self.validate(inputs)
+        try:
+            return self._run(checked)
+        except InvalidInputError:
+            raise
+        except Exception as e:  # the runtime's own errors, whatever their type
+            raise InferenceError(f"{self.kind} failed on model {self.name!r}: {e}") from e
+
+    @abstractmethod
+    def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the runtime's resources."""
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}@{self.version} on {self.accelerator}>"

@@ -1,0 +1,228 @@
+"""The versioned binary frame that carries every request and reply.
+
+Layout (all integers little-endian)::
+
+    offset  size  field
+    0       4     magic b"TNDM"
+    4       1     format major version (this build: 1; another major is refused)
+    5       1     format minor version (newer minors are read; unknown header fields kept)
+    6       2     flags (reserved, 0)
+    8       4     header length H
+    12      H     header: UTF-8 JSON object
+    12+H    …     tensor payload, in the order of header["tensors"]
+
+Header fields: ``kind`` ("request" | "reply"), ``id`` (correlation id),
+``model``, ``version``, ``reply_to``, ``timeout_ms`` (the budget left when the
+message was sent: a relative figure, so clocks need not agree), ``device``,
+``sent_at_ms``, ``error`` ({"code", "message"}), ``timing`` (hub-side
+milliseconds), ``tensors`` (descriptors, see ``_tensors``). Fields this build
+does not know are kept in ``Message.extra`` and written back unchanged.
+
+``decode_message`` checks the frame against ``Limits`` before it allocates;
+``decode_header`` reads only the header, so a hub can still answer a request
+whose tensors are bad.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from ._errors import ErrorCode, FrameError, LimitExceededError, UnsupportedVersionError
+from ._limits import Limits
+from ._tensors import TransferOptions, decode_tensors, encode_tensors
+
+__all__ = [
+    "FORMAT_MAJOR",
+    "FORMAT_MINOR",
+    "MAGIC",
+    "Message",
+    "decode_header",
+    "decode_message",
+    "encode_message",
+    "new_request_id",
+]
+
+MAGIC = b"TNDM"
+FORMAT_MAJOR = 1
+FORMAT_MINOR = 0
+_PREFIX = struct.Struct("<4sBBHI")
+_KNOWN = frozenset(
+    {"kind", "id", "model", "version", "reply_to", "timeout_ms", "device", "sent_at_ms",
+     "error", "timing", "tensors"}
+)
+_MAX_ID = 128
+_MAX_TOPIC = 512
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(kw_only=True)
+class Message:
+    """One request or reply. Validates its fields in the constructor."""
+
+    kind: Literal["request", "reply"]
+    request_id: str
+    model: str
+    model_version: str | None = None
+    reply_to: str | None = None
+    timeout_ms: float | None = None
+    device_id: str | None = None
+    sent_at_ms: float | None = None
+    error: ErrorCode = ErrorCode.OK
+    error_message: str = ""
+    timing: dict[str, float] = field(default_factory=dict)
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("request", "reply"):
+            raise FrameError(f"kind must be 'request' or 'reply', got {self.kind!r}")
+        _check_str(self.request_id, "id", _MAX_ID, required=True)
+        _check_str(self.model, "model", 128, required=True)
+        _check_str(self.model_version, "version", 64)
+        _check_str(self.reply_to, "reply_to", _MAX_TOPIC)
+        if self.reply_to is not None and any(c in self.reply_to for c in "+#\0"):
+            raise FrameError("reply_to may not contain MQTT wildcards")
+        _check_str(self.device_id, "device", 128)
+        for name in ("timeout_ms", "sent_at_ms"):
+            value = getattr(self, name)
+            if value is not None and (
+                not isinstance(value, int | float)
+                or isinstance(value, bool)
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise FrameError(f"{name} must be a non-negative number, got {value!r}")
+        if not isinstance(self.error, ErrorCode):
+            self.error = ErrorCode.parse(self.error)
+        if not isinstance(self.timing, dict) or not all(
+            isinstance(k, str) and isinstance(v, int | float) for k, v in self.timing.items()
+        ):
+            raise FrameError("timing must be an object of numbers")
+
+    @property
+    def ok(self) -> bool:
+        return self.error is ErrorCode.OK
+
+    def reply(
+        self,
+        *,
+        tensors: dict[str, np.ndarray] | None = None,
+        error: ErrorCode = ErrorCode.OK,
+        error_message: str = "",
+        model_version: str | None = None,
+        timing: dict[str, float] | None = None,
+    ) -> Message:
+        """The reply to this request, correlated by id."""
+        return Message(
+            kind="reply",
+            request_id=self.request_id,
+            model=self.model,
+            model_version=model_version or self.model_version,
+            device_id=self.device_id,
+            error=error,
+            error_message=error_message[:1000],
+            timing=dict(timing or {}),
+            tensors=dict(tensors or {}),
+        )
+
+
+def encode_message(message: Message, options: TransferOptions | None = None) -> bytes:
+    """Serialize ``message`` into one frame."""
+    descriptors, chunks = encode_tensors(message.tensors, options)
+    header: dict[str, Any] = dict(message.extra)
+    header.update(kind=message.kind, id=message.request_id, model=message.model,
+                  tensors=descriptors)
+    optional = {
+        "version": message.model_version,
+        "reply_to": message.reply_to,
+        "timeout_ms": message.timeout_ms,
+        "device": message.device_id,
+        "sent_at_ms": message.sent_at_ms,
+        "timing": message.timing or None,
+    }
+    header.update({k: v for k, v in optional.items() if v is not None})
+    if not message.ok:
+        header["error"] = {"code": message.error.value, "message": message.error_message}
+    raw = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    return b"".join([_PREFIX.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, 0, len(raw)), raw, *chunks])
+
+
+def decode_header(data: bytes | bytearray | memoryview, limits: Limits | None = None) -> dict[str, Any]:
+    """Read and return the JSON header only (raises ``ProtocolError`` subclasses)."""
+    return _split(memoryview(data), limits or Limits())[0]
+
+
+def decode_message(data: bytes | bytearray | memoryview, limits: Limits | None = None) -> Message:
+    """Parse one frame into a ``Message``, checking every size before allocating."""
+    limits = limits or Limits()
+    header, payload = _split(memoryview(data), limits)
+    error = header.get("error")
+    code, text = ErrorCode.OK, ""
+    if error is not None:
+        if not isinstance(error, dict):
+            raise FrameError("error must be an object with 'code' and 'message'")
+        code = ErrorCode.parse(error.get("code"))
+        text = str(error.get("message", ""))[:1000]
+    tensors = decode_tensors(header.get("tensors", []), payload, limits)
+    return Message(
+        kind=header.get("kind"),  # type: ignore[arg-type]  # validated in __post_init__
+        request_id=header.get("id"),  # type: ignore[arg-type]
+        model=header.get("model"),  # type: ignore[arg-type]
+        model_version=header.get("version"),
+        reply_to=header.get("reply_to"),
+        timeout_ms=header.get("timeout_ms"),
+        device_id=header.get("device"),
+        sent_at_ms=header.get("sent_at_ms"),
+        error=code,
+        error_message=text,
+        timing=header.get("timing") or {},
+        tensors=tensors,
+        extra={k: v for k, v in header.items() if k not in _KNOWN},
+    )
+
+
+def _split(view: memoryview, limits: Limits) -> tuple[dict[str, Any], memoryview]:
+    if len(view) > limits.max_frame_bytes:
+        raise LimitExceededError(
+            f"frame of {len(view)} bytes; the limit is {limits.max_frame_bytes}"
+        )
+    if len(view) < _PREFIX.size:
+        raise FrameError(f"frame of {len(view)} bytes is shorter than the {_PREFIX.size}-byte prefix")
+    magic, major, _minor, _flags, header_len = _PREFIX.unpack_from(view)
+    if magic != MAGIC:
+        raise FrameError(f"not a Tandem frame (magic {bytes(magic)!r})")
+    if major != FORMAT_MAJOR:
+        raise UnsupportedVersionError(
+            f"frame format {major}.x; this build speaks {FORMAT_MAJOR}.x"
+        )
+    if header_len > limits.max_header_bytes:
+        raise LimitExceededError(
+            f"header of {header_len} bytes; the limit is {limits.max_header_bytes}"
+        )
+    end = _PREFIX.size + header_len
+    if end > len(view):
+        raise FrameError(f"header claims {header_len} bytes but the frame is truncated")
+    try:
+        header = json.loads(bytes(view[_PREFIX.size : end]))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise FrameError(f"header is not valid UTF-8 JSON: {e}") from e
+    if not isinstance(header, dict):
+        raise FrameError("header must be a JSON object")
+    return header, view[end:]
+
+
+def _check_str(value: object, what: str, max_len: int, *, required: bool = False) -> None:
+    if value is None and not required:
+        return
+    if not isinstance(value, str) or not value or len(value) > max_len:
+        raise FrameError(f"{what} must be a string of 1-{max_len} characters, got {value!r:.80}")

@@ -1,0 +1,81 @@
+"""Exceptions of the wire protocol, and the error codes that travel on the wire.
+
+Exception tree::
+
+    TandemError                      base of every error Tandem raises on purpose
+    └── ProtocolError (ValueError)   bytes or fields that do not form a valid message
+        ├── FrameError               truncated, garbage or inconsistent frame
+        ├── UnsupportedVersionError  a major version this build does not speak
+        ├── LimitExceededError       a declared or actual size above a configured limit
+        └── TensorError              a tensor that cannot be encoded or decoded
+                                     (unknown datatype, shape/size mismatch)
+    ConfigError (TandemError, ValueError)   a setting that cannot work (bad URL, bad option)
+
+``ErrorCode`` is what a hub puts in a reply header so that a device can react
+without parsing prose: ``OVERLOADED`` and ``DEADLINE_EXCEEDED`` mean "fall back
+now", the others say what was wrong with the request.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = [
+    "ConfigError",
+    "ErrorCode",
+    "FrameError",
+    "LimitExceededError",
+    "ProtocolError",
+    "TandemError",
+    "TensorError",
+    "UnsupportedVersionError",
+]
+
+
+class TandemError(Exception):
+    """Base of every error Tandem raises on purpose."""
+
+
+class ProtocolError(TandemError, ValueError):
+    """Bytes or header fields that do not form a valid Tandem message."""
+
+
+class FrameError(ProtocolError):
+    """A truncated, garbage or internally inconsistent frame."""
+
+
+class UnsupportedVersionError(ProtocolError):
+    """The frame's major format version is not one this build speaks."""
+
+
+class LimitExceededError(ProtocolError):
+    """A size (declared or actual) is above a configured limit."""
+
+
+class TensorError(ProtocolError):
+    """A tensor that cannot be encoded or decoded as described."""
+
+
+class ConfigError(TandemError, ValueError):
+    """A setting that cannot work, such as a malformed broker URL."""
+
+
+class ErrorCode(enum.StrEnum):
+    """Error codes carried in a reply header (``""``-free: ``OK`` means success)."""
+
+    OK = "ok"
+    BAD_REQUEST = "bad_request"  # malformed frame or header
+    INVALID_INPUT = "invalid_input"  # wrong tensor names, dtype or shape for the model
+    UNKNOWN_MODEL = "unknown_model"
+    TOO_LARGE = "too_large"  # above a hub limit
+    OVERLOADED = "overloaded"  # queue full: the device should fall back at once
+    DEADLINE_EXCEEDED = "deadline_exceeded"  # expired before compute
+    INTERNAL = "internal"  # the model raised; the hub keeps serving
+
+    @classmethod
+    def parse(cls, value: object) -> ErrorCode:
+        """Map a wire value to a code; an unknown code from a newer peer is ``INTERNAL``."""
+        try:
+            return cls(str(value))
+        except ValueError:
+            return cls.INTERNAL

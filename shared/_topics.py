@@ -1,0 +1,83 @@
+"""MQTT topic scheme.
+
+All topics hang under one prefix (default ``tandem/v1``)::
+
+    {prefix}/infer/{model}             requests; hubs subscribe $share/{group}/{prefix}/infer/+
+    {prefix}/dev/{device}/reply        replies for one device
+    {prefix}/dev/{device}/assign       retained: model versions the device should run
+    {prefix}/dev/{device}/status       update and health reports
+    {prefix}/dev/{device}/telemetry    periodic metrics
+
+Model and device names are one topic level each, so they may not contain
+``/``, ``+``, ``#`` or control characters; ``NAME_PATTERN`` is what we accept.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ._errors import ConfigError
+
+__all__ = ["NAME_PATTERN", "Topics", "validate_name"]
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def validate_name(value: object, what: str = "name") -> str:
+    """Return ``value`` if it is a valid model or device name, else raise ``ConfigError``."""
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        raise ConfigError(
+            f"invalid {what} {value!r}: use 1-128 characters from A-Z a-z 0-9 . _ -, "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Builds and parses the topics of one Tandem deployment."""
+
+    prefix: str = "tandem/v1"
+
+    def __post_init__(self) -> None:
+        levels = self.prefix.split("/")
+        if not self.prefix or any(
+            not level or any(c in level for c in "+#$") for level in levels
+        ):
+            raise ConfigError(
+                f"invalid topic prefix {self.prefix!r}: use non-empty levels without + # $"
+            )
+
+    def infer(self, model: str) -> str:
+        return f"{self.prefix}/infer/{validate_name(model, 'model name')}"
+
+    def infer_filter(self, share_group: str | None = None) -> str:
+        """The hubs' subscription: shared (``$share/group/…``) when a group is given."""
+        topic = f"{self.prefix}/infer/+"
+        if share_group is None:
+            return topic
+        return f"$share/{validate_name(share_group, 'share group')}/{topic}"
+
+    def model_from_infer_topic(self, topic: str) -> str | None:
+        """The model named by a request topic, or ``None`` if it is not one."""
+        head = f"{self.prefix}/infer/"
+        if not topic.startswith(head):
+            return None
+        model = topic[len(head) :]
+        return model if NAME_PATTERN.fullmatch(model) else None
+
+    def reply(self, device: str) -> str:
+        return self._device(device, "reply")
+
+    def assign(self, device: str) -> str:
+        return self._device(device, "assign")
+
+    def status(self, device: str) -> str:
+        return self._device(device, "status")
+
+    def telemetry(self, device: str) -> str:
+        return self._device(device, "telemetry")
+
+    def _device(self, device: str, leaf: str) -> str:
+        return f"{self.prefix}/dev/{validate_name(device, 'device id')}/{leaf}"
