@@ -1,0 +1,48 @@
+# Two commands on a fresh machine with Python 3.11: `make demo` and `make test`.
+# Each creates .venv and installs what it needs (pip: torch==2.13.0 is a CPU wheel).
+
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PY     := $(BIN)/python
+PIP    := $(PY) -m pip --disable-pip-version-check -q
+
+.PHONY: demo test check lint bench broker clean help
+
+help:
+	@echo "make demo   - install and run the collaborative-inference demo on real MNIST digits"
+	@echo "make test   - install dev dependencies, make sure an MQTT broker runs, run the suite"
+	@echo "make check  - ruff, mypy and the tests (scripts/check), as CI runs them"
+
+$(PY):
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+
+$(VENV)/.demo-installed: pyproject.toml | $(PY)
+	$(PIP) install -e '.[hub,cli]'
+	@touch $@
+
+$(VENV)/.dev-installed: pyproject.toml | $(PY)
+	$(PIP) install -e '.[dev]'
+	@touch $@ $(VENV)/.demo-installed
+
+demo: $(VENV)/.demo-installed
+	$(BIN)/tandem demo $(DEMO_ARGS)
+
+# Tests start their own Mosquitto on free ports and need its binary; a few also use
+# the machine's broker on 127.0.0.1:1883, which this starts when it is not running.
+broker:
+	@bash scripts/ensure-broker
+
+test: $(VENV)/.dev-installed broker
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+check: $(VENV)/.dev-installed broker
+	bash scripts/check
+
+bench: $(VENV)/.dev-installed broker
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

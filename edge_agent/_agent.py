@@ -1,0 +1,439 @@
+"""The edge agent: answers every request locally, in the cloud, or by falling back.
+
+``BaseAgent`` holds all the logic that does no I/O (input checks, the offload
+decision, deadline arithmetic, fallback rules, building the result, stats);
+``EdgeAgent`` (blocking) and ``AsyncEdgeAgent`` (asyncio) only run the model
+and wait for the hub, each in its own way, as httpx's Client/AsyncClient do.
+
+Invariants: every valid call returns an ``InferenceResult`` (the only error
+for a valid request is ``NoAnswerError``, when the model is not on the device
+and the cloud failed); the wait for the cloud ends early enough to run the
+local model within the deadline when it has not run yet (its predicted time
+is reserved); the cloud answer wins when it arrives in time; a timeout, a
+lost broker, an open circuit breaker or an ``overloaded`` reply yields the
+local answer marked ``edge-fallback``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+import numpy as np
+
+from shared import ErrorCode, Limits, Message, MqttSettings, Topics, TransferOptions, new_request_id
+
+from ._breaker import CircuitBreaker
+from ._errors import InvalidInputError, NoAnswerError, UplinkError
+from ._estimator import LatencyEstimator, NetworkEstimator
+from ._policy import Decision, OffloadPolicy, RequestFacts, Route
+from ._result import InferenceResult, LatencyBreakdown, Source
+from ._uplink import MqttUplink
+from .runtimes import ModelRuntime, load_runtime
+
+__all__ = ["AgentStats", "AsyncEdgeAgent", "BaseAgent", "EdgeAgent"]
+
+log = logging.getLogger("tandem.edge")
+
+# Hub replies that say "the cloud is not there for you now": they feed the breaker.
+_UNAVAILABLE = frozenset({ErrorCode.OVERLOADED, ErrorCode.DEADLINE_EXCEEDED, ErrorCode.INTERNAL})
+
+
+@dataclass
+class AgentStats:
+    requests: int = 0
+    by_source: Counter[str] = field(default_factory=Counter)
+    by_reason: Counter[str] = field(default_factory=Counter)
+    offload_attempts: int = 0
+    deadline_misses: int = 0
+
+    @property
+    def offload_rate(self) -> float:
+        return self.offload_attempts / self.requests if self.requests else 0.0
+
+
+@dataclass
+class _Call:
+    """State of one request as it moves through the agent."""
+
+    request_id: str
+    inputs: dict[str, np.ndarray]
+    deadline_ms: float
+    started: float
+    payload_bytes: int
+    local_outputs: dict[str, np.ndarray] | None = None
+    local_ms: float = 0.0
+    score: float | None = None
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.started) * 1000.0
+
+
+class BaseAgent:
+    """Everything an agent decides, without doing I/O."""
+
+    def __init__(
+        self,
+        model: ModelRuntime | str | Path | None,
+        *,
+        device_id: str,
+        broker: str | MqttSettings | None = None,
+        policy: OffloadPolicy | None = None,
+        cloud_model: str | None = None,
+        cloud_version: str | None = None,
+        input_name: str | None = None,
+        default_deadline_ms: float = 1000.0,
+        topics: Topics | None = None,
+        transfer: TransferOptions | None = None,
+        limits: Limits | None = None,
+        breaker: CircuitBreaker | None = None,
+        local_estimator: LatencyEstimator | None = None,
+        network_estimator: NetworkEstimator | None = None,
+        safety_margin_ms: float = 1.0,
+    ) -> None:
+        self.runtime = load_runtime(model) if isinstance(model, str | Path) else model
+        if self.runtime is None and cloud_model is None:
+            raise ValueError("give a local model, a cloud_model, or both")
+        if self.runtime is None and broker is None:
+            raise ValueError("an agent without a local model needs a broker")
+        if default_deadline_ms <= 0:
+            raise ValueError("default_deadline_ms must be positive")
+        self.device_id = device_id
+        self.cloud_model = cloud_model or (self.runtime.name if self.runtime else "")
+        self.cloud_version = cloud_version
+        self.input_name = input_name
+        self.default_deadline_ms = default_deadline_ms
+        self.safety_margin_ms = safety_margin_ms
+        if policy is None:
+            policy = OffloadPolicy.budget(0.2) if broker is not None else OffloadPolicy.always_local()
+        self.policy = policy
+        self.breaker = breaker or CircuitBreaker()
+        self.local_estimator = local_estimator or LatencyEstimator()
+        self.network_estimator = network_estimator or NetworkEstimator()
+        self.stats = AgentStats()
+        self._stats_lock = threading.Lock()
+        self._local_inflight = 0
+        self.uplink: MqttUplink | None = None
+        if broker is not None:
+            settings = broker if isinstance(broker, MqttSettings) else MqttSettings.from_url(broker)
+            self.uplink = MqttUplink(
+                settings, device_id=device_id, topics=topics, transfer=transfer, limits=limits
+            )
+
+    # -- the pure steps ----------------------------------------------------------------------
+
+    def _begin(self, inputs: Mapping[str, np.ndarray] | np.ndarray, deadline_ms: float | None) -> _Call:
+        started = time.perf_counter()
+        named = self._name_inputs(inputs)
+        if self.runtime is not None:
+            named = self.runtime.validate(named)
+        deadline = self.default_deadline_ms if deadline_ms is None else float(deadline_ms)
+        if not deadline > 0:
+            raise InvalidInputError(f"deadline_ms must be positive, got {deadline_ms!r}")
+        return _Call(
+            request_id=new_request_id(),
+            inputs=named,
+            deadline_ms=deadline,
+            started=started,
+            payload_bytes=sum(a.nbytes for a in named.values()),
+        )
+
+    def _name_inputs(self, inputs: Mapping[str, np.ndarray] | np.ndarray) -> dict[str, np.ndarray]:
+        if isinstance(inputs, Mapping):
+            return dict(inputs)
+        if not isinstance(inputs, np.ndarray):
+            raise InvalidInputError(
+                f"inputs must be a numpy array or a mapping of name to array, got {type(inputs).__name__}"
+            )
+        if self.runtime is not None:
+            specs = self.runtime.inputs
+            if len(specs) != 1:
+                raise InvalidInputError(
+                    f"model {self.runtime.name!r} has {len(specs)} inputs; pass a mapping of "
+                    f"name to array ({', '.join(s.name for s in specs)})"
+                )
+            return {specs[0].name: inputs}
+        if self.input_name is None:
+            raise InvalidInputError("pass a mapping of name to array, or set input_name=")
+        return {self.input_name: inputs}
+
+    def _route_before(self, call: _Call) -> Decision:
+        facts = RequestFacts(
+            payload_bytes=call.payload_bytes,
+            deadline_ms=call.deadline_ms,
+            local_model=self.runtime is not None,
+            queue_depth=self._local_inflight,
+        )
+        return self.policy.before(facts, self.local_estimator, self.network_estimator)
+
+    def _route_after(self, call: _Call) -> Decision:
+        assert call.local_outputs is not None
+        scores = None
+        if self.policy.uncertain is not None:
+            scores = self.policy.uncertain.scores(call.local_outputs)
+        decision = self.policy.after(scores)
+        call.score = decision.score
+        return decision
+
+    def _local_done(self, call: _Call, outputs: dict[str, np.ndarray], local_ms: float) -> None:
+        call.local_outputs = outputs
+        call.local_ms = local_ms
+        self.local_estimator.observe(local_ms)
+
+    def _cloud_wait_ms(self, call: _Call) -> tuple[float, str | None]:
+        """How long the cloud may take, or why it must not be tried now."""
+        if self.uplink is None:
+            return 0.0, "fallback:no_uplink"
+        if not self.breaker.allow():
+            return 0.0, "fallback:breaker_open"
+        reserve = self.safety_margin_ms
+        if call.local_outputs is None:
+            reserve += self.local_estimator.predict_ms(self._local_inflight)
+        wait_ms = call.deadline_ms - call.elapsed_ms() - reserve
+        if wait_ms <= 0:
+            return 0.0, "fallback:no_time"
+        return wait_ms, None
+
+    def _send(self, call: _Call, wait_ms: float) -> Future[Message]:
+        assert self.uplink is not None
+        with self._stats_lock:
+            self.stats.offload_attempts += 1
+        future, _ = self.uplink.send(
+            model=self.cloud_model,
+            tensors=call.inputs,
+            timeout_ms=wait_ms,
+            request_id=call.request_id,
+            model_version=self.cloud_version,
+        )
+        return future
+
+    def _cloud_failed(self, call: _Call, error: BaseException) -> str:
+        if self.uplink is not None:
+            self.uplink.forget(call.request_id)
+        self.breaker.record_failure()
+        if isinstance(error, TimeoutError):
+            return "fallback:timeout"
+        return "fallback:broker_unavailable"
+
+    def _cloud_answered(self, call: _Call, reply: Message, reason: str) -> InferenceResult | str:
+        """The result for a hub reply, or the fallback reason when it is an error."""
+        if not reply.ok:
+            if reply.error in _UNAVAILABLE:
+                self.breaker.record_failure()
+            else:  # the hub is up but cannot take this request
+                self.breaker.record_success()
+                log.warning("hub rejected request %s: %s %s", call.request_id, reply.error, reply.error_message)
+            return f"fallback:{reply.error.value}"
+        self.breaker.record_success()
+        total_ms = call.elapsed_ms()
+        queue_ms = float(reply.timing.get("queue_ms", 0.0))
+        compute_ms = float(reply.timing.get("compute_ms", 0.0))
+        hub_ms = float(reply.timing.get("hub_ms", queue_ms + compute_ms))
+        round_trip_ms = total_ms - call.local_ms
+        self.network_estimator.observe(
+            total_ms=round_trip_ms, hub_ms=hub_ms, payload_bytes=call.payload_bytes
+        )
+        latency = LatencyBreakdown(
+            total_ms=total_ms,
+            local_ms=call.local_ms,
+            network_ms=max(0.0, round_trip_ms - hub_ms),
+            queue_ms=queue_ms,
+            cloud_compute_ms=compute_ms,
+        )
+        versions = self._versions()
+        versions["cloud"] = f"{reply.model}@{reply.model_version or '?'}"
+        return self._finish(call, reply.tensors, Source.CLOUD, reason, latency, versions)
+
+    def _fallback_result(self, call: _Call, reason: str) -> InferenceResult:
+        assert call.local_outputs is not None
+        latency = LatencyBreakdown(total_ms=call.elapsed_ms(), local_ms=call.local_ms)
+        return self._finish(call, call.local_outputs, Source.EDGE_FALLBACK, reason, latency)
+
+    def _no_answer(self, reason: str) -> NoAnswerError:
+        return NoAnswerError(
+            f"model {self.cloud_model!r} is not on this device and the cloud failed ({reason})"
+        )
+
+    def _edge_result(self, call: _Call, reason: str) -> InferenceResult:
+        assert call.local_outputs is not None
+        latency = LatencyBreakdown(total_ms=call.elapsed_ms(), local_ms=call.local_ms)
+        return self._finish(call, call.local_outputs, Source.EDGE, reason, latency)
+
+    def _finish(
+        self,
+        call: _Call,
+        outputs: dict[str, np.ndarray],
+        source: Source,
+        reason: str,
+        latency: LatencyBreakdown,
+        versions: dict[str, str] | None = None,
+    ) -> InferenceResult:
+        met = latency.total_ms <= call.deadline_ms
+        with self._stats_lock:
+            self.stats.requests += 1
+            self.stats.by_source[source.value] += 1
+            self.stats.by_reason[reason] += 1
+            self.stats.deadline_misses += not met
+        return InferenceResult(
+            outputs=outputs,
+            source=source,
+            request_id=call.request_id,
+            reason=reason,
+            latency=latency,
+            model_versions=versions if versions is not None else self._versions(),
+            score=call.score,
+            deadline_met=met,
+        )
+
+    def _versions(self) -> dict[str, str]:
+        if self.runtime is None:
+            return {}
+        return {"edge": f"{self.runtime.name}@{self.runtime.version}"}
+
+    def calibrate(self, samples: np.ndarray | Mapping[str, np.ndarray], *, batch_size: int = 256) -> float:
+        """Run the local model on held-out samples and calibrate the policy's threshold."""
+        if self.runtime is None:
+            raise ValueError("calibration needs a local model")
+        named = self._name_inputs(samples)
+        n = next(iter(named.values())).shape[0]
+        outputs = []
+        for start in range(0, n, batch_size):
+            chunk = {k: v[start : start + batch_size] for k, v in named.items()}
+            outputs.append(self.runtime.run(chunk))
+        return self.policy.calibrate(_per_row(outputs))
+
+
+def _per_row(batches: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    """Calibration scores per request: each row of each batch is one request."""
+    rows: list[np.ndarray] = []
+    for out in batches:
+        first = next(iter(out.values()))
+        rows.extend(first[i : i + 1] for i in range(first.shape[0]))
+    return rows
+
+
+class EdgeAgent(BaseAgent):
+    """The blocking agent. Thread-safe: call ``infer`` from any number of threads."""
+
+    def start(self, *, wait_s: float | None = 5.0) -> EdgeAgent:
+        """Connect the uplink (if any); waits up to ``wait_s`` for the broker."""
+        if self.uplink is not None:
+            self.uplink.start(wait_s=wait_s)
+        return self
+
+    def close(self) -> None:
+        if self.uplink is not None:
+            self.uplink.stop()
+        if self.runtime is not None:
+            self.runtime.close()
+
+    def __enter__(self) -> EdgeAgent:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def infer(
+        self, inputs: Mapping[str, np.ndarray] | np.ndarray, *, deadline_ms: float | None = None
+    ) -> InferenceResult:
+        """Answer one request within ``deadline_ms`` (default ``default_deadline_ms``)."""
+        call = self._begin(inputs, deadline_ms)
+        decision = self._route_before(call)
+        if decision.route is Route.LOCAL:
+            self._run_local(call)
+            decision = self._route_after(call)
+            if decision.route is Route.LOCAL:
+                return self._edge_result(call, decision.reason)
+        wait_ms, why_not = self._cloud_wait_ms(call)
+        if why_not is None:
+            try:
+                reply = self._send(call, wait_ms).result(timeout=wait_ms / 1000.0)
+            except (TimeoutError, UplinkError) as e:
+                why_not = self._cloud_failed(call, e)
+            else:
+                answered = self._cloud_answered(call, reply, decision.reason)
+                if isinstance(answered, InferenceResult):
+                    return answered
+                why_not = answered
+        if call.local_outputs is None:
+            if self.runtime is None:
+                raise self._no_answer(why_not)
+            self._run_local(call)
+        return self._fallback_result(call, why_not)
+
+    def _run_local(self, call: _Call) -> None:
+        assert self.runtime is not None
+        self._local_inflight += 1
+        t0 = time.perf_counter()
+        try:
+            outputs = self.runtime.run(call.inputs)
+        finally:
+            self._local_inflight -= 1
+        self._local_done(call, outputs, (time.perf_counter() - t0) * 1000.0)
+
+
+class AsyncEdgeAgent(BaseAgent):
+    """The asyncio twin of ``EdgeAgent``: the local model runs in a worker thread."""
+
+    async def start(self, *, wait_s: float | None = 5.0) -> AsyncEdgeAgent:
+        if self.uplink is not None:
+            await asyncio.to_thread(self.uplink.start, wait_s=wait_s)
+        return self
+
+    async def close(self) -> None:
+        if self.uplink is not None:
+            await asyncio.to_thread(self.uplink.stop)
+        if self.runtime is not None:
+            self.runtime.close()
+
+    async def __aenter__(self) -> AsyncEdgeAgent:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def infer(
+        self, inputs: Mapping[str, np.ndarray] | np.ndarray, *, deadline_ms: float | None = None
+    ) -> InferenceResult:
+        call = self._begin(inputs, deadline_ms)
+        decision = self._route_before(call)
+        if decision.route is Route.LOCAL:
+            await self._run_local(call)
+            decision = self._route_after(call)
+            if decision.route is Route.LOCAL:
+                return self._edge_result(call, decision.reason)
+        wait_ms, why_not = self._cloud_wait_ms(call)
+        if why_not is None:
+            try:
+                future = self._send(call, wait_ms)
+                reply = await asyncio.wait_for(asyncio.wrap_future(future), wait_ms / 1000.0)
+            except (TimeoutError, UplinkError) as e:
+                why_not = self._cloud_failed(call, e)
+            else:
+                answered = self._cloud_answered(call, reply, decision.reason)
+                if isinstance(answered, InferenceResult):
+                    return answered
+                why_not = answered
+        if call.local_outputs is None:
+            if self.runtime is None:
+                raise self._no_answer(why_not)
+            await self._run_local(call)
+        return self._fallback_result(call, why_not)
+
+    async def _run_local(self, call: _Call) -> None:
+        assert self.runtime is not None
+        runtime = self.runtime
+        self._local_inflight += 1
+        t0 = time.perf_counter()
+        try:
+            outputs = await asyncio.to_thread(runtime.run, call.inputs)
+        finally:
+            self._local_inflight -= 1
+        self._local_done(call, outputs, (time.perf_counter() - t0) * 1000.0)
+

@@ -1,0 +1,294 @@
+"""Offload policies: where each request is answered. Pure logic, no I/O.
+
+A request passes two checks:
+
+1. **heavy** (``HeavyCheck``, before local compute): offload without running
+   locally when the input is too big, the model is not on the device, or the
+   predicted local latency misses the deadline while the predicted offload
+   latency meets it (or at least beats local).
+2. **uncertain** (``UncertainCheck``, after local compute): offload when the
+   uncertainty score of the local output is above a threshold. The threshold
+   is given, or **calibrated to an offload budget**: the (1 - budget)
+   quantile of scores on a calibration set, so that share of requests scores
+   above it. With ``adapt=True`` the quantile is re-taken over a sliding
+   window of recent scores, so the realized rate follows the budget when the
+   input distribution drifts; requests offloaded as heavy are charged to the
+   same budget.
+
+Invariants: ``OffloadPolicy.before`` never runs the model; ``after`` only
+reads its outputs; a decision always carries a reason; with a budget b the
+uncertain share of locally-run requests converges to at most b minus the
+heavy share (ties at the threshold stay local, so "at most").
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._estimator import LatencyEstimator, NetworkEstimator
+from ._scores import OutputKind, ScoreFn, resolve_score, to_probabilities
+
+__all__ = [
+    "Decision",
+    "HeavyCheck",
+    "OffloadPolicy",
+    "RequestFacts",
+    "Route",
+    "UncertainCheck",
+]
+
+
+class Route(enum.StrEnum):
+    LOCAL = "local"
+    CLOUD = "cloud"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    route: Route
+    reason: str
+    score: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    """What is known about a request before it runs."""
+
+    payload_bytes: int
+    deadline_ms: float | None
+    local_model: bool = True
+    queue_depth: int = 0
+
+
+_RUN_LOCAL = Decision(Route.LOCAL, "local")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeavyCheck:
+    """Offload before local compute when a request is too heavy for the device.
+
+    ``max_input_bytes``: inputs above this go to the cloud. ``use_latency``:
+    compare predicted local and offload latency against the deadline.
+    """
+
+    max_input_bytes: int | None = None
+    use_latency: bool = True
+
+    def check(
+        self, facts: RequestFacts, local: LatencyEstimator, network: NetworkEstimator
+    ) -> Decision | None:
+        if self.max_input_bytes is not None and facts.payload_bytes > self.max_input_bytes:
+            return Decision(Route.CLOUD, "heavy:input_size")
+        if not self.use_latency or facts.deadline_ms is None:
+            return None
+        local_ms = local.predict_ms(facts.queue_depth)
+        if local_ms <= facts.deadline_ms:
+            return None
+        offload_ms = network.predict_ms(facts.payload_bytes)
+        if offload_ms < local_ms:
+            return Decision(Route.CLOUD, "heavy:latency")
+        return None
+
+
+class UncertainCheck:
+    """Offload after local compute when the local answer is not confident enough.
+
+    Give ``threshold`` directly, or ``budget`` (a share of requests in [0, 1])
+    and calibrate with ``calibrate(outputs)`` on held-out samples. ``output``
+    names the output tensor to score (default: the first).
+    """
+
+    def __init__(
+        self,
+        score: str | ScoreFn = "margin",
+        *,
+        threshold: float | None = None,
+        budget: float | None = None,
+        adapt: bool = True,
+        window: int = 1000,
+        refresh_every: int = 32,
+        outputs: OutputKind = "auto",
+        output: str | None = None,
+    ) -> None:
+        if (threshold is None) == (budget is None):
+            raise ValueError("give exactly one of threshold= or budget=")
+        if budget is not None and not 0.0 <= budget <= 1.0:
+            raise ValueError(f"budget must be within [0, 1], got {budget}")
+        if window < 10 or refresh_every < 1:
+            raise ValueError("window must be >= 10 and refresh_every >= 1")
+        self.score_name, self._score = resolve_score(score)
+        self.budget = budget
+        self.adapt = adapt and budget is not None
+        self.outputs = outputs
+        self.output = output
+        self.refresh_every = refresh_every
+        self._threshold = threshold if threshold is not None else float("inf")
+        self._calibrated = threshold is not None
+        self._window: deque[float] = deque(maxlen=window)
+        self._since_refresh = 0
+        self._lock = threading.Lock()
+        self._effective_budget = budget
+
+    @property
+    def threshold(self) -> float:
+        return self._threshold
+
+    @property
+    def calibrated(self) -> bool:
+        return self._calibrated
+
+    def scores(self, outputs: Mapping[str, np.ndarray] | np.ndarray) -> np.ndarray:
+        """Uncertainty score of each row of the scored output."""
+        if isinstance(outputs, Mapping):
+            name = self.output or next(iter(outputs))
+            if name not in outputs:
+                raise KeyError(f"output {name!r} not among {list(outputs)}")
+            values = outputs[name]
+        else:
+            values = outputs
+        return np.asarray(self._score(to_probabilities(values, self.outputs)), dtype=np.float64)
+
+    def calibrate(self, outputs: Iterable[Mapping[str, np.ndarray] | np.ndarray] | np.ndarray) -> float:
+        """Set the threshold from outputs of held-out samples; returns it.
+
+        Accepts one array of outputs [n, classes] or an iterable of per-request
+        outputs. Needs a budget.
+        """
+        if self.budget is None:
+            raise ValueError("calibrate() needs budget=; this check has a fixed threshold")
+        if isinstance(outputs, np.ndarray):
+            scores = self.scores(outputs)
+        else:
+            scores = np.concatenate([self.scores(o) for o in outputs])
+        if scores.size == 0:
+            raise ValueError("calibrate() needs at least one sample")
+        with self._lock:
+            self._window.clear()
+            self._window.extend(scores[-self._window.maxlen :].tolist())  # type: ignore[misc]
+            self._threshold = _quantile_threshold(scores, self.budget)
+            self._calibrated = True
+        return self._threshold
+
+    def set_effective_budget(self, budget: float) -> None:
+        """Budget left for uncertain offloads after heavy ones took their share."""
+        self._effective_budget = min(max(budget, 0.0), 1.0)
+
+    def decide(self, row_scores: np.ndarray) -> Decision:
+        """Offload if any row of the request is above the threshold."""
+        score = float(row_scores.max()) if row_scores.size else 0.0
+        if self.adapt:
+            self._observe(score)
+        if score > self._threshold:
+            return Decision(Route.CLOUD, "uncertain", score)
+        return Decision(Route.LOCAL, "confident", score)
+
+    def _observe(self, score: float) -> None:
+        with self._lock:
+            self._window.append(score)
+            self._since_refresh += 1
+            if self._since_refresh < self.refresh_every or len(self._window) < 10:
+                return
+            self._since_refresh = 0
+            budget = self._effective_budget if self._effective_budget is not None else 0.0
+            self._threshold = _quantile_threshold(np.fromiter(self._window, float), budget)
+            self._calibrated = True
+
+
+def _quantile_threshold(scores: np.ndarray, budget: float) -> float:
+    """The score above which a ``budget`` share of ``scores`` lies."""
+    if budget <= 0.0:
+        return float("inf")
+    if budget >= 1.0:
+        return float("-inf")
+    return float(np.quantile(scores, 1.0 - budget, method="higher"))
+
+
+class OffloadPolicy:
+    """A heavy check and an uncertain check composed; or always local / always cloud.
+
+    Build with the constructor or the factories: ``OffloadPolicy.always_local()``,
+    ``OffloadPolicy.always_cloud()``, ``OffloadPolicy.budget(0.15, score="margin")``.
+    """
+
+    def __init__(
+        self,
+        *,
+        heavy: HeavyCheck | None = None,
+        uncertain: UncertainCheck | None = None,
+        always: Route | None = None,
+        heavy_share_alpha: float = 0.02,
+    ) -> None:
+        self.heavy = heavy
+        self.uncertain = uncertain
+        self.always = always
+        self._heavy_share = 0.0
+        self._alpha = heavy_share_alpha
+
+    @classmethod
+    def always_local(cls) -> OffloadPolicy:
+        return cls(always=Route.LOCAL)
+
+    @classmethod
+    def always_cloud(cls) -> OffloadPolicy:
+        return cls(always=Route.CLOUD)
+
+    @classmethod
+    def budget(
+        cls,
+        budget: float,
+        *,
+        score: str | ScoreFn = "margin",
+        heavy: HeavyCheck | None = None,
+        **options: object,
+    ) -> OffloadPolicy:
+        """Offload the least confident ``budget`` share of requests (call ``calibrate``)."""
+        check = UncertainCheck(score, budget=budget, **options)  # type: ignore[arg-type]
+        return cls(heavy=heavy if heavy is not None else HeavyCheck(), uncertain=check)
+
+    @classmethod
+    def threshold(cls, threshold: float, *, score: str | ScoreFn = "margin") -> OffloadPolicy:
+        return cls(heavy=HeavyCheck(), uncertain=UncertainCheck(score, threshold=threshold))
+
+    @property
+    def wants_scores(self) -> bool:
+        return self.uncertain is not None
+
+    def calibrate(self, outputs: Iterable[Mapping[str, np.ndarray] | np.ndarray] | np.ndarray) -> float:
+        if self.uncertain is None:
+            raise ValueError("this policy has no uncertain check to calibrate")
+        return self.uncertain.calibrate(outputs)
+
+    def before(
+        self, facts: RequestFacts, local: LatencyEstimator, network: NetworkEstimator
+    ) -> Decision:
+        """Route before any local compute: CLOUD here means 'do not run locally'."""
+        if self.always is Route.CLOUD:
+            return Decision(Route.CLOUD, "always_cloud")
+        if not facts.local_model:
+            return Decision(Route.CLOUD, "no_local_model")
+        if self.always is Route.LOCAL:
+            return Decision(Route.LOCAL, "always_local")
+        decision = self.heavy.check(facts, local, network) if self.heavy else None
+        self._charge_heavy(decision is not None)
+        return decision or _RUN_LOCAL
+
+    def after(self, scores: np.ndarray | None) -> Decision:
+        """Route after local compute, from the output's uncertainty scores."""
+        if self.always is Route.LOCAL or self.uncertain is None or scores is None:
+            return Decision(Route.LOCAL, "always_local" if self.always else "local")
+        return self.uncertain.decide(scores)
+
+    def _charge_heavy(self, heavy: bool) -> None:
+        self._heavy_share += self._alpha * ((1.0 if heavy else 0.0) - self._heavy_share)
+        check = self.uncertain
+        if check is not None and check.budget is not None:
+            rest = 1.0 - self._heavy_share
+            check.set_effective_budget(
+                (check.budget - self._heavy_share) / rest if rest > 0 else 0.0
+            )

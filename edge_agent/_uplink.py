@@ -1,0 +1,227 @@
+"""MQTT uplink: sends requests to the hub and matches replies by correlation id.
+
+One paho-mqtt 2.x client per agent, run by paho's network thread
+(``loop_start``), reconnecting by itself with backoff. ``send`` publishes at
+QoS 1 on the model's request topic and returns a ``concurrent.futures.Future``
+resolved by the reply that carries the same request id, on this device's
+reply topic. Correlation lives in the envelope header, so MQTT 3.1.1 brokers
+work; on MQTT 5 the response topic, correlation data and message expiry are
+set as well.
+
+Failure is fast: ``send`` raises ``UplinkError`` at once when not connected,
+and losing the connection fails every pending future, so the agent falls
+back without waiting out its deadline. A reply that arrives after its
+request gave up is counted and dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from shared import (
+    ErrorCode,
+    Limits,
+    Message,
+    MqttSettings,
+    ProtocolError,
+    Topics,
+    TransferOptions,
+    create_client,
+    decode_message,
+    encode_message,
+    resolve_protocol,
+)
+
+from ._errors import UplinkError
+
+__all__ = ["MqttUplink", "UplinkStats"]
+
+log = logging.getLogger("tandem.edge.uplink")
+
+
+@dataclass
+class UplinkStats:
+    sent: int = 0
+    replies: int = 0
+    late_replies: int = 0
+    bad_replies: int = 0
+    connects: int = 0
+    disconnects: int = 0
+
+
+class MqttUplink:
+    """The device's MQTT link to the hub."""
+
+    def __init__(
+        self,
+        settings: MqttSettings,
+        *,
+        device_id: str,
+        topics: Topics | None = None,
+        transfer: TransferOptions | None = None,
+        limits: Limits | None = None,
+    ) -> None:
+        self.settings = settings
+        self.device_id = device_id
+        self.topics = topics or Topics()
+        self.transfer = transfer or TransferOptions()
+        self.limits = limits or Limits()
+        self.reply_topic = self.topics.reply(device_id)
+        self.stats = UplinkStats()
+        self.protocol: str | None = None
+        self._pending: dict[str, Future[Message]] = {}
+        self._lock = threading.Lock()
+        self._connected = threading.Event()
+        self._client: Any = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self, *, wait_s: float | None = None) -> MqttUplink:
+        """Connect in the background; with ``wait_s``, wait that long for the first CONNACK.
+
+        An unreachable broker is not an error: the client keeps retrying and the
+        agent answers locally meanwhile.
+        """
+        if self._client is not None:
+            return self
+        self.protocol = resolve_protocol(self.settings)
+        client = create_client(
+            self.settings, f"tandem-edge-{self.device_id}", protocol=self.protocol  # type: ignore[arg-type]
+        )
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        self._client = client
+        try:
+            client.connect_async(self.settings.host, self.settings.port, self.settings.keepalive_s)
+        except (OSError, ValueError) as e:
+            raise UplinkError(f"cannot connect to {self.settings.url}: {e}") from e
+        client.loop_start()
+        if wait_s:
+            self._connected.wait(wait_s)
+        return self
+
+    def stop(self) -> None:
+        client, self._client = self._client, None
+        if client is None:
+            return
+        client.disconnect()
+        client.loop_stop()
+        self._connected.clear()
+        self._fail_pending("uplink stopped")
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        return self._connected.wait(timeout_s)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def send(
+        self,
+        *,
+        model: str,
+        tensors: dict[str, np.ndarray],
+        timeout_ms: float,
+        request_id: str,
+        model_version: str | None = None,
+    ) -> tuple[Future[Message], int]:
+        """Publish one request; returns its reply future and the bytes sent."""
+        client = self._client
+        if client is None or not self._connected.is_set():
+            raise UplinkError("not connected to the broker", ErrorCode.INTERNAL)
+        message = Message(
+            kind="request",
+            request_id=request_id,
+            model=model,
+            model_version=model_version,
+            reply_to=self.reply_topic,
+            timeout_ms=max(0.0, timeout_ms),
+            device_id=self.device_id,
+            sent_at_ms=time.time() * 1000.0,
+        )
+        message.tensors = tensors
+        payload = encode_message(message, self.transfer)
+        future: Future[Message] = Future()
+        with self._lock:
+            self._pending[request_id] = future
+        try:
+            info = client.publish(
+                self.topics.infer(model), payload, qos=1, properties=self._properties(request_id, timeout_ms)
+            )
+        except (OSError, ValueError, RuntimeError) as e:
+            self.forget(request_id)
+            raise UplinkError(f"publish failed: {e}") from e
+        if info.rc != 0:
+            self.forget(request_id)
+            raise UplinkError(f"publish failed (paho rc={info.rc})")
+        self.stats.sent += 1
+        return future, len(payload)
+
+    def forget(self, request_id: str) -> None:
+        """Stop waiting for a request's reply (it timed out or was answered)."""
+        with self._lock:
+            self._pending.pop(request_id, None)
+
+    def _properties(self, request_id: str, timeout_ms: float) -> Any:
+        if self.protocol != "5":
+            return None
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        props = Properties(PacketTypes.PUBLISH)
+        props.ResponseTopic = self.reply_topic
+        props.CorrelationData = request_id.encode()
+        props.MessageExpiryInterval = max(1, math.ceil(timeout_ms / 1000.0))
+        return props
+
+    # -- paho callbacks (network thread: keep them short) -------------------------------------
+
+    def _on_connect(self, client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any) -> None:
+        if reason.is_failure:
+            log.warning("broker %s refused the connection: %s", self.settings.url, reason)
+            return
+        client.subscribe(self.reply_topic, qos=1)
+        self.stats.connects += 1
+        self._connected.set()
+
+    def _on_disconnect(self, _client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any) -> None:
+        was = self._connected.is_set()
+        self._connected.clear()
+        if was:
+            self.stats.disconnects += 1
+            log.info("lost the broker %s (%s); retrying with backoff", self.settings.url, reason)
+        self._fail_pending("broker connection lost")
+
+    def _on_message(self, _client: Any, _userdata: Any, msg: Any) -> None:
+        try:
+            reply = decode_message(msg.payload, self.limits)
+        except ProtocolError as e:
+            self.stats.bad_replies += 1
+            log.warning("dropped a malformed reply on %s: %s", msg.topic, e)
+            return
+        with self._lock:
+            future = self._pending.pop(reply.request_id, None)
+        if future is None:
+            self.stats.late_replies += 1
+            return
+        self.stats.replies += 1
+        if not future.done():
+            future.set_result(reply)
+
+    def _fail_pending(self, why: str) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(UplinkError(why))

@@ -1,0 +1,64 @@
+"""A minimal hub stand-in for edge tests: a real paho client on a real broker.
+
+It subscribes to the request topics and answers each request with whatever its
+handler returns (a reply Message, or None for silence). The real hub has its
+own tests; this lets edge tests stage exact hub behaviour (overloaded, silent).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import paho.mqtt.client as mqtt
+
+from shared import Message, MqttSettings, Topics, create_client, decode_message, encode_message
+
+__all__ = ["Responder"]
+
+Handler = Callable[[Message], Message | None]
+
+
+class Responder:
+    def __init__(self, broker_url: str, handler: Handler, topics: Topics | None = None) -> None:
+        self.topics = topics or Topics()
+        self.handler = handler
+        self.requests: list[Message] = []
+        self._settings = MqttSettings.from_url(broker_url)
+        self._client: Any = None
+        self._ready = threading.Event()
+
+    def start(self) -> Responder:
+        client = create_client(self._settings, f"responder-{id(self):x}", protocol="5")
+        client.on_connect = self._on_connect
+        client.on_message = self._on_message
+        client.connect(self._settings.host, self._settings.port)
+        client.loop_start()
+        self._client = client
+        if not self._ready.wait(10):
+            raise TimeoutError("responder did not subscribe")
+        return self
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.disconnect()
+            self._client.loop_stop()
+            self._client = None
+
+    def __enter__(self) -> Responder:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _on_connect(self, client: Any, _u: Any, _f: Any, _reason: Any, _p: Any) -> None:
+        client.subscribe(self.topics.infer_filter(), qos=1)
+        self._ready.set()
+
+    def _on_message(self, client: Any, _u: Any, msg: mqtt.MQTTMessage) -> None:
+        request = decode_message(msg.payload)
+        self.requests.append(request)
+        reply = self.handler(request)
+        if reply is not None and request.reply_to:
+            client.publish(request.reply_to, encode_message(reply), qos=1)

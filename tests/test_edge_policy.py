@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge_agent import (
+    HeavyCheck,
+    LatencyEstimator,
+    NetworkEstimator,
+    OffloadPolicy,
+    RequestFacts,
+    Route,
+    UncertainCheck,
+    entropy,
+    margin,
+    max_probability,
+    to_probabilities,
+)
+
+
+def _logits(rng: np.random.Generator, n: int, sharpness: np.ndarray | float) -> np.ndarray:
+    return rng.normal(size=(n, 10)) * np.reshape(sharpness, (-1, 1))
+
+
+def test_scores_rank_confident_rows_lower() -> None:
+    sure = np.array([[0.97, 0.01, 0.01, 0.01]])
+    unsure = np.array([[0.4, 0.35, 0.15, 0.1]])
+    for fn in (max_probability, margin, entropy):
+        assert fn(sure)[0] < fn(unsure)[0]
+    assert entropy(np.full((1, 4), 0.25))[0] == pytest.approx(1.0)
+    assert margin(np.array([[0.5, 0.5]]))[0] == pytest.approx(1.0)
+
+
+def test_to_probabilities_softmaxes_logits_and_keeps_probabilities() -> None:
+    logits = np.array([[2.0, -1.0, 0.5]])
+    probs = to_probabilities(logits)
+    assert probs.sum() == pytest.approx(1.0)
+    assert probs.argmax() == 0
+    given = np.array([[0.2, 0.8]])
+    np.testing.assert_allclose(to_probabilities(given), given)
+    # A row in [0, 1] that does not sum to 1 is taken as logits.
+    assert to_probabilities(np.array([[0.2, 0.3]])).sum() == pytest.approx(1.0)
+
+
+def test_calibrated_budget_offloads_that_share_of_a_fresh_stream() -> None:
+    rng = np.random.default_rng(0)
+    check = UncertainCheck("margin", budget=0.15, adapt=False)
+    check.calibrate(_logits(rng, 4000, rng.uniform(0.5, 4.0, 4000)))
+    stream = _logits(rng, 4000, rng.uniform(0.5, 4.0, 4000))
+    routes = [check.decide(check.scores(row[None])).route for row in stream]
+    rate = routes.count(Route.CLOUD) / len(routes)
+    assert 0.12 <= rate <= 0.18
+
+
+def test_online_adaptation_holds_the_budget_under_drift() -> None:
+    rng = np.random.default_rng(1)
+    check = UncertainCheck("entropy", budget=0.2, window=500, refresh_every=16)
+    check.calibrate(_logits(rng, 2000, 4.0))  # calibrated on confident inputs
+    drifted = _logits(rng, 3000, 0.7)  # then the inputs get much harder
+    fixed = UncertainCheck("entropy", threshold=check.threshold)
+    adaptive_routes = [check.decide(check.scores(r[None])).route for r in drifted]
+    fixed_routes = [fixed.decide(fixed.scores(r[None])).route for r in drifted]
+    tail = adaptive_routes[1000:]
+    assert fixed_routes.count(Route.CLOUD) / len(fixed_routes) > 0.6  # a fixed threshold blows the budget
+    assert abs(tail.count(Route.CLOUD) / len(tail) - 0.2) < 0.04
+
+
+def test_heavy_offloads_are_charged_to_the_budget() -> None:
+    policy = OffloadPolicy.budget(0.3, heavy=HeavyCheck(max_input_bytes=100), adapt=False)
+    local, net = LatencyEstimator(), NetworkEstimator()
+    for i in range(400):
+        size = 1000 if i % 5 == 0 else 10  # every fifth request is heavy
+        policy.before(RequestFacts(payload_bytes=size, deadline_ms=None), local, net)
+    assert policy.uncertain is not None
+    assert policy.uncertain._effective_budget == pytest.approx((0.3 - 0.2) / 0.8, abs=0.03)
+
+
+def test_threshold_and_budget_are_exclusive() -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        UncertainCheck("margin", threshold=0.5, budget=0.1)
+    with pytest.raises(ValueError, match="exactly one"):
+        UncertainCheck("margin")
+    with pytest.raises(ValueError, match="unknown score"):
+        UncertainCheck("vibes", threshold=0.5)
+    with pytest.raises(ValueError, match="budget"):
+        UncertainCheck("margin", budget=1.5)
+
+
+def test_user_callable_score() -> None:
+    check = UncertainCheck(lambda p: p[:, 0], threshold=0.5, outputs="probabilities")
+    assert check.decide(check.scores(np.array([[0.9, 0.1]]))).route is Route.CLOUD
+    assert check.decide(check.scores(np.array([[0.1, 0.9]]))).route is Route.LOCAL
+
+
+def test_heavy_check_by_size_and_by_latency() -> None:
+    local = LatencyEstimator(prior_ms=40.0)
+    net = NetworkEstimator(prior_rtt_ms=5.0, prior_hub_ms=2.0, prior_bandwidth_bytes_per_s=1e9)
+    check = HeavyCheck(max_input_bytes=1000)
+    assert check.check(RequestFacts(payload_bytes=5000, deadline_ms=None), local, net).reason == (
+        "heavy:input_size"
+    )
+    late = check.check(RequestFacts(payload_bytes=100, deadline_ms=20.0), local, net)
+    assert late is not None and late.reason == "heavy:latency"
+    assert check.check(RequestFacts(payload_bytes=100, deadline_ms=100.0), local, net) is None
+    # Offloading would be slower still: stay local even though the deadline is missed.
+    slow_net = NetworkEstimator(prior_rtt_ms=500.0)
+    assert check.check(RequestFacts(payload_bytes=100, deadline_ms=20.0), local, slow_net) is None
+    # Queue depth scales the local prediction.
+    assert check.check(
+        RequestFacts(payload_bytes=100, deadline_ms=100.0, queue_depth=3), local, net
+    ) is not None
+
+
+def test_estimators_learn_from_samples() -> None:
+    net = NetworkEstimator(prior_rtt_ms=100.0, alpha=0.5)
+    for _ in range(20):
+        net.observe(total_ms=12.0, hub_ms=2.0, payload_bytes=100)
+    assert net.rtt_ms.get() == pytest.approx(10.0, rel=0.01)
+    for _ in range(20):
+        net.observe(total_ms=12.0 + 100.0, hub_ms=2.0, payload_bytes=1_000_000)
+    assert net.bandwidth_bytes_per_s == pytest.approx(1e7, rel=0.05)
+    local = LatencyEstimator(prior_ms=9.0)
+    assert local.predict_ms() == 9.0
+    local.observe(3.0)
+    assert local.predict_ms(queue_depth=1) == pytest.approx(6.0)
+
+
+def test_policy_modes() -> None:
+    local, net = LatencyEstimator(), NetworkEstimator()
+    facts = RequestFacts(payload_bytes=10, deadline_ms=100.0)
+    assert OffloadPolicy.always_cloud().before(facts, local, net).route is Route.CLOUD
+    assert OffloadPolicy.always_local().before(facts, local, net).route is Route.LOCAL
+    assert OffloadPolicy.always_local().after(np.array([1.0])).route is Route.LOCAL
+    no_model = RequestFacts(payload_bytes=10, deadline_ms=100.0, local_model=False)
+    decision = OffloadPolicy.always_local().before(no_model, local, net)
+    assert (decision.route, decision.reason) == (Route.CLOUD, "no_local_model")
