@@ -170,7 +170,7 @@ class UncertainCheck:
             raise ValueError("calibrate() needs at least one sample")
         with self._lock:
             self._window.clear()
-            self._window.extend(scores[-self._window.maxlen :].tolist())  # type: ignore[misc]
+            self._window.extend(scores[-(self._window.maxlen or 1) :].tolist())
             self._threshold = _quantile_threshold(scores, self.budget)
             self._calibrated = True
         return self._threshold

@@ -92,10 +92,9 @@ class MqttUplink:
         """
         if self._client is not None:
             return self
-        self.protocol = resolve_protocol(self.settings)
-        client = create_client(
-            self.settings, f"tandem-edge-{self.device_id}", protocol=self.protocol  # type: ignore[arg-type]
-        )
+        protocol = resolve_protocol(self.settings)
+        self.protocol = protocol
+        client = create_client(self.settings, f"tandem-edge-{self.device_id}", protocol=protocol)
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message

@@ -14,11 +14,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NoReturn
 
 import numpy as np
 
-from shared import TensorError, datatype_of, shape_compatible
+from shared import TensorError, datatype_of
 
 from .._errors import InferenceError, InvalidInputError
 
@@ -63,23 +63,23 @@ class ModelRuntime(ABC):
 
     def validate(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Check ``inputs`` against the model's specs; raise ``InvalidInputError`` if off."""
-        expected = {spec.name: spec for spec in self.inputs}
-        missing = [n for n in expected if n not in inputs]
-        unknown = [n for n in inputs if n not in expected]
-        if missing or unknown:
-            raise InvalidInputError(
-                f"model {self.name!r} takes inputs "
-                f"({', '.join(s.describe() for s in self.inputs)}); "
-                + (f"missing {missing}" if missing else "")
-                + ("; " if missing and unknown else "")
-                + (f"unknown {unknown}" if unknown else "")
-            )
+        # Plain loops, no generators: this runs before every inference and
+        # its cost counts against the runtime's overhead budget.
+        specs = self.inputs
+        for spec in specs:
+            if spec.name not in inputs:
+                self._reject_names(inputs)
+        if len(inputs) != len(specs):
+            self._reject_names(inputs)
         total = 0
         checked: dict[str, np.ndarray] = {}
-        for name, spec in expected.items():
+        for spec in specs:
+            name = spec.name
             array = inputs[name]
             if not isinstance(array, np.ndarray):
-                raise InvalidInputError(f"input {name!r} must be a numpy array, got {type(array).__name__}")
+                raise InvalidInputError(
+                    f"input {name!r} must be a numpy array, got {type(array).__name__}"
+                )
             try:
                 datatype = datatype_of(array)
             except TensorError as e:
@@ -88,10 +88,18 @@ class ModelRuntime(ABC):
                 raise InvalidInputError(
                     f"input {name!r} of model {self.name!r} must be {spec.datatype}, got {datatype}"
                 )
-            if not shape_compatible(array.shape, spec.shape):
+            shape = array.shape
+            declared = spec.shape
+            fits = len(shape) == len(declared)
+            if fits:
+                for size, want in zip(shape, declared, strict=True):
+                    if want is not None and want >= 0 and want != size:
+                        fits = False
+                        break
+            if not fits:
                 raise InvalidInputError(
                     f"input {name!r} of model {self.name!r} must have shape "
-                    f"{spec.describe().split(':', 1)[1].strip()}, got {list(array.shape)}"
+                    f"{spec.describe().split(':', 1)[1].strip()}, got {list(shape)}"
                 )
             total += array.nbytes
             checked[name] = array
@@ -100,6 +108,18 @@ class ModelRuntime(ABC):
                 f"inputs take {total} bytes; this runtime accepts at most {self.max_input_bytes}"
             )
         return checked
+
+    def _reject_names(self, inputs: Mapping[str, np.ndarray]) -> NoReturn:
+        expected = {spec.name: spec for spec in self.inputs}
+        missing = [n for n in expected if n not in inputs]
+        unknown = [n for n in inputs if n not in expected]
+        raise InvalidInputError(
+            f"model {self.name!r} takes inputs "
+            f"({', '.join(s.describe() for s in self.inputs)}); "
+            + (f"missing {missing}" if missing else "")
+            + ("; " if missing and unknown else "")
+            + (f"unknown {unknown}" if unknown else "")
+        )
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Validate, then run the model. Raises ``InvalidInputError`` or ``InferenceError``."""
