@@ -18,6 +18,10 @@ message was sent: a relative figure, so clocks need not agree), ``device``,
 milliseconds), ``tensors`` (descriptors, see ``_tensors``). Fields this build
 does not know are kept in ``Message.extra`` and written back unchanged.
 
+The header must be strict UTF-8 JSON: an object, nested at most
+``_MAX_HEADER_DEPTH`` deep, without NaN/Infinity or numbers that overflow a
+float, so that whatever decodes also encodes again.
+
 ``decode_message`` checks the frame against ``Limits`` before it allocates;
 ``decode_header`` reads only the header, so a hub can still answer a request
 whose tensors are bad.
@@ -54,11 +58,23 @@ FORMAT_MAJOR = 1
 FORMAT_MINOR = 0
 _PREFIX = struct.Struct("<4sBBHI")
 _KNOWN = frozenset(
-    {"kind", "id", "model", "version", "reply_to", "timeout_ms", "device", "sent_at_ms",
-     "error", "timing", "tensors"}
+    {
+        "kind",
+        "id",
+        "model",
+        "version",
+        "reply_to",
+        "timeout_ms",
+        "device",
+        "sent_at_ms",
+        "error",
+        "timing",
+        "tensors",
+    }
 )
 _MAX_ID = 128
 _MAX_TOPIC = 512
+_MAX_HEADER_DEPTH = 32
 
 
 def new_request_id() -> str:
@@ -95,19 +111,18 @@ class Message:
         _check_str(self.device_id, "device", 128)
         for name in ("timeout_ms", "sent_at_ms"):
             value = getattr(self, name)
-            if value is not None and (
-                not isinstance(value, int | float)
-                or isinstance(value, bool)
-                or not math.isfinite(value)
-                or value < 0
-            ):
-                raise FrameError(f"{name} must be a non-negative number, got {value!r}")
+            if value is not None and (not _is_finite_number(value) or value < 0):
+                raise FrameError(f"{name} must be a non-negative number, got {value!r:.80}")
         if not isinstance(self.error, ErrorCode):
             self.error = ErrorCode.parse(self.error)
+        if not isinstance(self.error_message, str):
+            raise FrameError("error_message must be a string")
         if not isinstance(self.timing, dict) or not all(
-            isinstance(k, str) and isinstance(v, int | float) for k, v in self.timing.items()
+            isinstance(k, str) and _is_finite_number(v) for k, v in self.timing.items()
         ):
-            raise FrameError("timing must be an object of numbers")
+            raise FrameError("timing must be an object of finite numbers")
+        if not isinstance(self.extra, dict) or not all(isinstance(k, str) for k in self.extra):
+            raise FrameError("extra must be a dict with string keys")
 
     @property
     def ok(self) -> bool:
@@ -139,9 +154,11 @@ class Message:
 def encode_message(message: Message, options: TransferOptions | None = None) -> bytes:
     """Serialize ``message`` into one frame."""
     descriptors, chunks = encode_tensors(message.tensors, options)
-    header: dict[str, Any] = dict(message.extra)
-    header.update(kind=message.kind, id=message.request_id, model=message.model,
-                  tensors=descriptors)
+    # Known fields come from the attributes only, never from a stale copy in ``extra``.
+    header: dict[str, Any] = {k: v for k, v in message.extra.items() if k not in _KNOWN}
+    header.update(
+        kind=message.kind, id=message.request_id, model=message.model, tensors=descriptors
+    )
     optional = {
         "version": message.model_version,
         "reply_to": message.reply_to,
@@ -153,11 +170,16 @@ def encode_message(message: Message, options: TransferOptions | None = None) -> 
     header.update({k: v for k, v in optional.items() if v is not None})
     if not message.ok:
         header["error"] = {"code": message.error.value, "message": message.error_message}
-    raw = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    try:
+        raw = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError, RecursionError) as e:  # ``extra`` that JSON cannot carry
+        raise FrameError(f"header cannot be written as JSON: {e}") from e
     return b"".join([_PREFIX.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, 0, len(raw)), raw, *chunks])
 
 
-def decode_header(data: bytes | bytearray | memoryview, limits: Limits | None = None) -> dict[str, Any]:
+def decode_header(
+    data: bytes | bytearray | memoryview, limits: Limits | None = None
+) -> dict[str, Any]:
     """Read and return the JSON header only (raises ``ProtocolError`` subclasses)."""
     return _split(memoryview(data), limits or Limits())[0]
 
@@ -173,8 +195,8 @@ def decode_message(data: bytes | bytearray | memoryview, limits: Limits | None =
             raise FrameError("error must be an object with 'code' and 'message'")
         code = ErrorCode.parse(error.get("code"))
         text = str(error.get("message", ""))[:1000]
-    tensors = decode_tensors(header.get("tensors", []), payload, limits)
-    return Message(
+    # The cheap fields are checked before any tensor is allocated.
+    message = Message(
         kind=header.get("kind"),  # type: ignore[arg-type]  # validated in __post_init__
         request_id=header.get("id"),  # type: ignore[arg-type]
         model=header.get("model"),  # type: ignore[arg-type]
@@ -186,9 +208,10 @@ def decode_message(data: bytes | bytearray | memoryview, limits: Limits | None =
         error=code,
         error_message=text,
         timing=header.get("timing") or {},
-        tensors=tensors,
         extra={k: v for k, v in header.items() if k not in _KNOWN},
     )
+    message.tensors = decode_tensors(header.get("tensors", []), payload, limits)
+    return message
 
 
 def _split(view: memoryview, limits: Limits) -> tuple[dict[str, Any], memoryview]:
@@ -197,14 +220,14 @@ def _split(view: memoryview, limits: Limits) -> tuple[dict[str, Any], memoryview
             f"frame of {len(view)} bytes; the limit is {limits.max_frame_bytes}"
         )
     if len(view) < _PREFIX.size:
-        raise FrameError(f"frame of {len(view)} bytes is shorter than the {_PREFIX.size}-byte prefix")
+        raise FrameError(
+            f"frame of {len(view)} bytes is shorter than the {_PREFIX.size}-byte prefix"
+        )
     magic, major, _minor, _flags, header_len = _PREFIX.unpack_from(view)
     if magic != MAGIC:
         raise FrameError(f"not a Tandem frame (magic {bytes(magic)!r})")
     if major != FORMAT_MAJOR:
-        raise UnsupportedVersionError(
-            f"frame format {major}.x; this build speaks {FORMAT_MAJOR}.x"
-        )
+        raise UnsupportedVersionError(f"frame format {major}.x; this build speaks {FORMAT_MAJOR}.x")
     if header_len > limits.max_header_bytes:
         raise LimitExceededError(
             f"header of {header_len} bytes; the limit is {limits.max_header_bytes}"
@@ -213,12 +236,48 @@ def _split(view: memoryview, limits: Limits) -> tuple[dict[str, Any], memoryview
     if end > len(view):
         raise FrameError(f"header claims {header_len} bytes but the frame is truncated")
     try:
-        header = json.loads(bytes(view[_PREFIX.size : end]))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        # Decoded here, strictly: json.loads(bytes) would also take UTF-16/32 and lone
+        # surrogates. ValueError covers integers longer than Python's digit limit.
+        text = bytes(view[_PREFIX.size : end]).decode("utf-8")
+        header = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except (ValueError, RecursionError) as e:
         raise FrameError(f"header is not valid UTF-8 JSON: {e}") from e
     if not isinstance(header, dict):
         raise FrameError("header must be a JSON object")
+    _check_depth(header)
     return header, view[end:]
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not allowed in a header")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text:.40} overflows a float")
+    return value
+
+
+def _check_depth(header: dict[str, Any]) -> None:
+    stack: list[tuple[object, int]] = [(header, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > _MAX_HEADER_DEPTH:
+            raise FrameError(f"header is nested more than {_MAX_HEADER_DEPTH} levels deep")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+
+
+def _is_finite_number(value: object) -> bool:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def _check_str(value: object, what: str, max_len: int, *, required: bool = False) -> None:
@@ -226,3 +285,7 @@ def _check_str(value: object, what: str, max_len: int, *, required: bool = False
         return
     if not isinstance(value, str) or not value or len(value) > max_len:
         raise FrameError(f"{what} must be a string of 1-{max_len} characters, got {value!r:.80}")
+    try:
+        value.encode("utf-8")  # lone surrogates from JSON escapes cannot go on the wire
+    except UnicodeEncodeError as e:
+        raise FrameError(f"{what} is not valid Unicode: {value!r:.80}") from e

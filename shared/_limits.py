@@ -34,5 +34,5 @@ class Limits:
             "max_total_tensor_bytes",
         ):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")

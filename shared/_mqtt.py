@@ -12,11 +12,13 @@ works without it.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+import uuid
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from ._errors import ConfigError
 
@@ -53,26 +55,38 @@ class MqttSettings:
     tcp_nodelay: bool = True
 
     def __post_init__(self) -> None:
-        if not self.host:
+        if not isinstance(self.host, str) or not self.host:
             raise ConfigError("MQTT host is empty")
-        if not 0 < self.port < 65536:
-            raise ConfigError(f"MQTT port {self.port} is out of range")
+        if (
+            not isinstance(self.port, int)
+            or isinstance(self.port, bool)
+            or not 0 < self.port < 65536
+        ):
+            raise ConfigError(f"MQTT port {self.port!r} is out of range")
         if self.protocol not in ("auto", "5", "3.1.1"):
             raise ConfigError(f"MQTT protocol must be auto, 5 or 3.1.1, got {self.protocol!r}")
-        if self.reconnect_min_delay_s <= 0 or self.reconnect_max_delay_s < self.reconnect_min_delay_s:
+        if not self.keepalive_s >= 0:
+            raise ConfigError(f"keepalive_s must be >= 0, got {self.keepalive_s!r}")
+        if not self.connect_timeout_s > 0:
+            raise ConfigError(f"connect_timeout_s must be > 0, got {self.connect_timeout_s!r}")
+        if not 0 < self.reconnect_min_delay_s <= self.reconnect_max_delay_s:
             raise ConfigError("reconnect delays must satisfy 0 < min <= max")
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MqttSettings:
         """Parse ``mqtt://[user[:pass]@]host[:port]`` (``mqtts://`` turns TLS on)."""
-        parts = urlsplit(url)
+        if not isinstance(url, str):
+            raise ConfigError(f"broker URL must be a string, got {url!r:.80}")
+        try:
+            parts = urlsplit(url)
+            explicit_port = parts.port  # parsed lazily: raises for "host:abc" or "host:99999"
+        except ValueError as e:  # also an unclosed "[" of an IPv6 address
+            raise ConfigError(f"broker URL {url!r}: {e}") from e
         if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
             raise ConfigError(f"broker URL {url!r}: scheme must be mqtt:// or mqtts://")
         secure = parts.scheme in ("mqtts", "ssl")
-        try:
-            port = parts.port or (8883 if secure else 1883)
-        except ValueError as e:
-            raise ConfigError(f"broker URL {url!r}: {e}") from e
+        # "is None", not "or": an explicit port 0 is an error, not the default.
+        port = (8883 if secure else 1883) if explicit_port is None else explicit_port
         if not parts.hostname:
             raise ConfigError(f"broker URL {url!r} has no host")
         settings = cls(
@@ -87,21 +101,31 @@ class MqttSettings:
     @property
     def url(self) -> str:
         """The broker URL, without the password."""
-        user = f"{self.username}@" if self.username else ""
-        return f"{'mqtts' if self.tls else 'mqtt'}://{user}{self.host}:{self.port}"
+        user = f"{quote(self.username, safe='')}@" if self.username else ""
+        host = f"[{self.host}]" if ":" in self.host else self.host  # IPv6
+        return f"{'mqtts' if self.tls else 'mqtt'}://{user}{host}:{self.port}"
 
 
-def create_client(settings: MqttSettings, client_id: str, *, protocol: Protocol = "5") -> paho.Client:
+def create_client(
+    settings: MqttSettings, client_id: str, *, protocol: Protocol = "5"
+) -> paho.Client:
     """A configured paho client (not yet connected). ``protocol`` must be resolved."""
     import paho.mqtt.client as mqtt
 
-    version = mqtt.MQTTv5 if protocol == "5" else mqtt.MQTTv311
-    client = mqtt.Client(
-        callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
-        client_id=client_id,
-        protocol=version,
-        **({"clean_session": True} if version == mqtt.MQTTv311 else {}),
-    )
+    if protocol == "5":
+        client = mqtt.Client(
+            callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=mqtt.MQTTv5,
+        )
+    else:
+        client = mqtt.Client(
+            callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=mqtt.MQTTv311,
+            clean_session=True,
+        )
+    client.connect_timeout = settings.connect_timeout_s
     if settings.username is not None:
         client.username_pw_set(settings.username, settings.password)
     if settings.tls is not None:
@@ -121,10 +145,8 @@ def create_client(settings: MqttSettings, client_id: str, *, protocol: Protocol 
 
 
 def _set_nodelay(_client: Any, _userdata: Any, sock: Any) -> None:
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # unix sockets: nothing to set
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    except (OSError, AttributeError):  # TLS wrappers or unix sockets: nothing to set
-        pass
 
 
 def resolve_protocol(settings: MqttSettings) -> Literal["5", "3.1.1"]:
@@ -138,7 +160,7 @@ def resolve_protocol(settings: MqttSettings) -> Literal["5", "3.1.1"]:
         return settings.protocol
     import paho.mqtt.client as mqtt
 
-    client = create_client(settings, f"tandem-probe-{id(settings):x}", protocol="5")
+    client = create_client(settings, f"tandem-probe-{uuid.uuid4().hex}", protocol="5")
     answered = threading.Event()
     result: dict[str, bool] = {}
 

@@ -13,11 +13,23 @@ plus a run of payload bytes. The descriptor says what the receiver will get
 
 Invariants the decoder keeps, in this order, before it allocates anything:
 the datatype is known; the shape is a list of at most ``max_rank``
-non-negative ints; the decoded size is within ``max_tensor_bytes``;
+non-negative ints whose product (zero dimensions read as one) is within
+``max_tensor_bytes``; the decoded size is within ``max_tensor_bytes``;
 ``raw_nbytes`` equals elements x wire itemsize (``BYTES`` excepted, whose
-elements are length-prefixed as in the protocol's binary extension);
-``nbytes`` fits in what is left of the payload. Decompression is bounded by
-``raw_nbytes`` and must produce exactly that many bytes. Nothing is pickled.
+elements are length-prefixed as in the protocol's binary extension, so
+``raw_nbytes`` is at least 4 x elements; their decoded size counts one object
+pointer per element besides the bytes); ``nbytes`` fits in what is left of the
+payload. Decompression is bounded by ``raw_nbytes`` (and the zstd window by
+``max(raw_nbytes, 8 MiB)``) and must produce exactly that many bytes. Nothing
+is pickled.
+
+Reduced precision is lossy, within these bounds: ``fp16`` keeps a relative
+error of 2**-11 for magnitudes in FP16's normal range (magnitudes from 65520
+up become inf, tiny ones lose precision or flush to zero; NaN and inf pass);
+``int8`` keeps an absolute error of ``scale / 2`` (plus the rounding into the
+restored datatype), where
+``scale = (max(x, 0) - min(x, 0)) / 255`` over the finite values; it cannot
+carry NaN (sent as 0) or inf (saturates to the range).
 """
 
 from __future__ import annotations
@@ -62,6 +74,9 @@ DATATYPES: dict[str, np.dtype[Any]] = {
 _FLOAT_TYPES = frozenset({"FP16", "FP32", "FP64"})
 _BY_KIND_SIZE = {(dt.kind, dt.itemsize): name for name, dt in DATATYPES.items() if name != "BYTES"}
 _LEN = struct.Struct("<I")
+_MAX_NAME = 256
+_OBJECT_POINTER = np.dtype(object).itemsize  # what a BYTES element costs besides its bytes
+_MIN_ZSTD_WINDOW = 8 * 1024 * 1024  # what the standard levels 1-19 use at most
 
 
 def numpy_dtype(datatype: str) -> np.dtype[Any]:
@@ -105,9 +120,7 @@ class TransferOptions:
         if self.compression not in ("none", "zstd"):
             raise ValueError(f"compression must be 'none' or 'zstd', got {self.compression!r}")
         if self.precision not in ("exact", "fp16", "int8"):
-            raise ValueError(
-                f"precision must be 'exact', 'fp16' or 'int8', got {self.precision!r}"
-            )
+            raise ValueError(f"precision must be 'exact', 'fp16' or 'int8', got {self.precision!r}")
 
 
 def encode_tensors(
@@ -118,8 +131,10 @@ def encode_tensors(
     descriptors: list[dict[str, Any]] = []
     chunks: list[bytes] = []
     for name, value in tensors.items():
-        if not isinstance(name, str) or not name:
-            raise TensorError(f"tensor names must be non-empty strings, got {name!r}")
+        if not isinstance(name, str) or not name or len(name) > _MAX_NAME:
+            raise TensorError(
+                f"tensor names must be strings of 1-{_MAX_NAME} characters, got {name!r:.80}"
+            )
         array = np.asarray(value)
         datatype = datatype_of(array)
         desc: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
@@ -142,7 +157,7 @@ def encode_tensors(
 
 
 def decode_tensors(
-    descriptors: object, payload: bytes | memoryview, limits: Limits | None = None
+    descriptors: object, payload: bytes | bytearray | memoryview, limits: Limits | None = None
 ) -> dict[str, np.ndarray]:
     """Rebuild tensors from descriptors and payload, checking every size first."""
     limits = limits or Limits()
@@ -160,11 +175,12 @@ def decode_tensors(
         name, datatype, shape, count = _check_descriptor(desc, limits)
         if name in out:
             raise TensorError(f"tensor {name!r} appears twice")
-        decoded_bytes = count * (DATATYPES[datatype].itemsize if datatype != "BYTES" else 1)
         raw_nbytes = _nonneg_int(desc.get("raw_nbytes"), f"{name}.raw_nbytes")
         nbytes = _nonneg_int(desc.get("nbytes"), f"{name}.nbytes")
         if datatype == "BYTES":
-            decoded_bytes = raw_nbytes
+            decoded_bytes = raw_nbytes + count * _OBJECT_POINTER
+        else:
+            decoded_bytes = count * DATATYPES[datatype].itemsize
         if decoded_bytes > limits.max_tensor_bytes or raw_nbytes > limits.max_tensor_bytes:
             raise LimitExceededError(
                 f"tensor {name!r} would take {max(decoded_bytes, raw_nbytes)} bytes; "
@@ -175,6 +191,18 @@ def decode_tensors(
             raise LimitExceededError(
                 f"tensors would take more than {limits.max_total_tensor_bytes} bytes in all"
             )
+        if datatype == "BYTES":
+            if raw_nbytes < count * _LEN.size:
+                raise TensorError(
+                    f"tensor {name!r}: {raw_nbytes} bytes cannot hold {count} BYTES elements"
+                )
+        else:
+            wire = _wire_datatype(desc, name, datatype)
+            if raw_nbytes != count * DATATYPES[wire].itemsize:
+                raise TensorError(
+                    f"tensor {name!r}: raw_nbytes {raw_nbytes} does not hold {count} {wire} "
+                    f"elements of shape {list(shape)}"
+                )
         if nbytes > len(view) - offset:
             raise TensorError(
                 f"tensor {name!r} declares {nbytes} payload bytes but only "
@@ -186,7 +214,7 @@ def decode_tensors(
         if compression == "zstd":
             chunk = memoryview(_bounded_decompress(chunk, raw_nbytes, name))
         elif compression is not None:
-            raise TensorError(f"tensor {name!r}: unknown compression {compression!r}")
+            raise TensorError(f"tensor {name!r}: unknown compression {compression!r:.80}")
         elif nbytes != raw_nbytes:
             raise TensorError(f"tensor {name!r}: nbytes {nbytes} != raw_nbytes {raw_nbytes}")
         out[name] = _unpack(chunk, desc, name, datatype, shape, count)
@@ -214,8 +242,10 @@ def _check_descriptor(desc: object, limits: Limits) -> tuple[str, str, tuple[int
     if not isinstance(desc, dict):
         raise TensorError("each tensor descriptor must be a JSON object")
     name = desc.get("name")
-    if not isinstance(name, str) or not name or len(name) > 256:
-        raise TensorError(f"tensor name must be a string of 1-256 characters, got {name!r}")
+    if not isinstance(name, str) or not name or len(name) > _MAX_NAME:
+        raise TensorError(
+            f"tensor name must be a string of 1-{_MAX_NAME} characters, got {name!r:.80}"
+        )
     datatype = desc.get("datatype")
     numpy_dtype(datatype if isinstance(datatype, str) else repr(datatype))
     raw_shape = desc.get("shape")
@@ -226,25 +256,32 @@ def _check_descriptor(desc: object, limits: Limits) -> tuple[str, str, tuple[int
             f"tensor {name!r} has rank {len(raw_shape)}; the limit is {limits.max_rank}"
         )
     shape = tuple(_nonneg_int(d, f"{name}.shape[{i}]") for i, d in enumerate(raw_shape))
-    count = math.prod(shape)
-    if count > limits.max_tensor_bytes:  # every element takes at least one byte
+    # Every element takes at least one byte. Zero dimensions count as one so that
+    # a shape like [0, 10**30] is refused here rather than by numpy's reshape.
+    if math.prod(max(d, 1) for d in shape) > limits.max_tensor_bytes:
         raise LimitExceededError(
-            f"tensor {name!r} has {count} elements; the limit is {limits.max_tensor_bytes} bytes"
+            f"tensor {name!r} of shape {list(shape)!s:.80} is above the limit of "
+            f"{limits.max_tensor_bytes} bytes"
         )
+    count = math.prod(shape)
     return name, str(datatype), shape, count
 
 
 def _bounded_decompress(chunk: memoryview, raw_nbytes: int, name: str) -> bytes:
     zstd = _zstd()
     try:
-        reader = zstd.ZstdDecompressor().stream_reader(chunk, read_across_frames=False)
+        # The window bound keeps a tiny hostile frame from making zstd allocate
+        # its default maximum (128 MiB) before a byte is produced.
+        decompressor = zstd.ZstdDecompressor(max_window_size=max(raw_nbytes, _MIN_ZSTD_WINDOW))
+        reader = decompressor.stream_reader(chunk, read_across_frames=False)
         data = reader.read(raw_nbytes + 1) if raw_nbytes else reader.read(1)
     except zstd.ZstdError as e:
         raise TensorError(f"tensor {name!r}: corrupt zstd data ({e})") from e
     if len(data) != raw_nbytes:
         raise TensorError(
-            f"tensor {name!r}: zstd data expands to {'more than ' if len(data) > raw_nbytes else ''}"
-            f"{len(data)} bytes, expected {raw_nbytes}"
+            f"tensor {name!r}: zstd data expands to "
+            f"{'more than ' if len(data) > raw_nbytes else ''}{len(data)} bytes, "
+            f"expected {raw_nbytes}"
         )
     return bytes(data)
 
@@ -262,6 +299,8 @@ def _pack_bytes(array: np.ndarray) -> bytes:
 
 
 def _unpack_bytes(chunk: memoryview, shape: tuple[int, ...], count: int, name: str) -> np.ndarray:
+    if len(chunk) < count * _LEN.size:  # before the object array is allocated
+        raise TensorError(f"tensor {name!r}: {len(chunk)} bytes cannot hold {count} elements")
     out = np.empty(count, dtype=object)
     pos = 0
     for i in range(count):
@@ -279,19 +318,47 @@ def _unpack_bytes(chunk: memoryview, shape: tuple[int, ...], count: int, name: s
 
 
 def _pack_reduced(array: np.ndarray, precision: str, desc: dict[str, Any]) -> bytes:
-    values = np.ascontiguousarray(array, dtype=np.float32)
+    # float64 throughout: FP64 values beyond float32's range must not turn into inf.
+    values = np.asarray(array, dtype=np.float64)
     if precision == "fp16":
         desc["wire"] = "FP16"
-        return values.astype("<f2").tobytes()
-    # Affine per-tensor INT8: the range [lo, hi] maps onto [-128, 127].
+        with np.errstate(over="ignore", under="ignore"):  # documented: out of range -> inf
+            return np.ascontiguousarray(values, dtype="<f2").tobytes()
+    # Affine per-tensor INT8: the range [lo, hi] (which holds 0) maps onto [-128, 127].
     finite = values[np.isfinite(values)]
-    lo = float(min(finite.min(), 0.0)) if finite.size else 0.0
-    hi = float(max(finite.max(), 0.0)) if finite.size else 0.0
-    scale = (hi - lo) / 255.0 or 1.0
-    zero_point = int(round(-128 - lo / scale))
-    q = np.clip(np.round(values / scale) + zero_point, -128, 127).astype(np.int8)
+    lo = min(float(finite.min()), 0.0) if finite.size else 0.0
+    hi = max(float(finite.max()), 0.0) if finite.size else 0.0
+    scale = hi / 255.0 - lo / 255.0 or 1.0  # not (hi - lo) / 255: that overflows near 1e308
+    zero_point = round(-128 - lo / scale)
+    with np.errstate(invalid="ignore", over="ignore"):
+        q = np.round(values / scale) + zero_point
+    q = np.nan_to_num(q, nan=zero_point, posinf=127, neginf=-128)
     desc.update(wire="INT8", scale=scale, zero_point=zero_point)
-    return q.tobytes()
+    return np.clip(q, -128, 127).astype(np.int8).tobytes()
+
+
+def _wire_datatype(desc: dict[str, Any], name: str, datatype: str) -> str:
+    wire = desc.get("wire", datatype)
+    if wire != datatype and (datatype not in _FLOAT_TYPES or wire not in ("FP16", "INT8")):
+        raise TensorError(f"tensor {name!r}: cannot send {datatype} as {wire!r:.80}")
+    return str(wire)
+
+
+def _quantization(desc: dict[str, Any], name: str) -> tuple[float, int]:
+    scale, zero_point = desc.get("scale"), desc.get("zero_point")
+    try:
+        scale = float(scale) if isinstance(scale, int | float) else math.nan
+    except OverflowError:  # an int too large for a float
+        scale = math.nan
+    if isinstance(desc.get("scale"), bool) or not math.isfinite(scale) or scale <= 0:
+        raise TensorError(f"tensor {name!r}: INT8 transfer needs a positive finite scale")
+    if (
+        not isinstance(zero_point, int)
+        or isinstance(zero_point, bool)
+        or not -128 <= zero_point <= 127
+    ):
+        raise TensorError(f"tensor {name!r}: INT8 transfer needs a zero_point in [-128, 127]")
+    return scale, zero_point
 
 
 def _unpack(
@@ -304,25 +371,27 @@ def _unpack(
 ) -> np.ndarray:
     if datatype == "BYTES":
         return _unpack_bytes(chunk, shape, count, name)
-    wire = desc.get("wire", datatype)
-    if wire != datatype and (datatype not in _FLOAT_TYPES or wire not in ("FP16", "INT8")):
-        raise TensorError(f"tensor {name!r}: cannot send {datatype} as {wire!r}")
+    wire = _wire_datatype(desc, name, datatype)
     wire_dtype = DATATYPES[wire]
     if len(chunk) != count * wire_dtype.itemsize:
         raise TensorError(
             f"tensor {name!r}: {len(chunk)} bytes do not hold {count} {wire} elements "
             f"of shape {list(shape)}"
         )
+    if datatype == "BOOL":
+        # Any byte but 0 is True: numpy must never hold a bool whose byte is not 0 or 1.
+        return (np.frombuffer(chunk, dtype=np.uint8, count=count) != 0).reshape(shape)
     flat = np.frombuffer(chunk, dtype=wire_dtype, count=count)
+    target = DATATYPES[datatype]
     if wire == "INT8" and datatype != "INT8":
-        scale, zero_point = desc.get("scale"), desc.get("zero_point")
-        if not isinstance(scale, int | float) or not math.isfinite(scale) or scale <= 0:
-            raise TensorError(f"tensor {name!r}: INT8 transfer needs a positive finite scale")
-        if not isinstance(zero_point, int) or isinstance(zero_point, bool):
-            raise TensorError(f"tensor {name!r}: INT8 transfer needs an integer zero_point")
-        flat = (flat.astype(np.float32) - zero_point) * np.float32(scale)
+        scale, zero_point = _quantization(desc, name)
+        with np.errstate(over="ignore"):
+            restored = (flat.astype(np.float64) - zero_point) * scale
+        # Rounding may carry the top code a little past the target's largest finite value.
+        limit = float(np.finfo(target).max)
+        return np.clip(restored, -limit, limit).astype(target).reshape(shape)
     # Copy: the result must own its memory and be writable, not alias the frame.
-    return flat.astype(DATATYPES[datatype], copy=True).reshape(shape)
+    return flat.astype(target, copy=True).reshape(shape)
 
 
 def shape_compatible(shape: Sequence[int], declared: Sequence[int | None]) -> bool:

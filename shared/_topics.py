@@ -22,13 +22,15 @@ from ._errors import ConfigError
 __all__ = ["NAME_PATTERN", "Topics", "validate_name"]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_MAX_PREFIX = 256  # characters; MQTT allows 65535 bytes per topic, brokers often far fewer
+_WILDCARDS = re.compile(r"[+#$]")
 
 
 def validate_name(value: object, what: str = "name") -> str:
     """Return ``value`` if it is a valid model or device name, else raise ``ConfigError``."""
     if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
         raise ConfigError(
-            f"invalid {what} {value!r}: use 1-128 characters from A-Z a-z 0-9 . _ -, "
+            f"invalid {what} {value!r:.80}: use 1-128 characters from A-Z a-z 0-9 . _ -, "
             "starting with a letter or digit"
         )
     return value
@@ -41,12 +43,18 @@ class Topics:
     prefix: str = "tandem/v1"
 
     def __post_init__(self) -> None:
-        levels = self.prefix.split("/")
-        if not self.prefix or any(
-            not level or any(c in level for c in "+#$") for level in levels
+        prefix = self.prefix
+        if (
+            not isinstance(prefix, str)
+            or not prefix
+            or len(prefix) > _MAX_PREFIX
+            or not prefix.isprintable()  # control characters, lone surrogates
+            or _WILDCARDS.search(prefix)
+            or any(not level for level in prefix.split("/"))
         ):
             raise ConfigError(
-                f"invalid topic prefix {self.prefix!r}: use non-empty levels without + # $"
+                f"invalid topic prefix {prefix!r:.80}: use up to {_MAX_PREFIX} characters in "
+                "non-empty levels, without + # $ or control characters"
             )
 
     def infer(self, model: str) -> str:
