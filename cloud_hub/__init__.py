@@ -1,0 +1,70 @@
+"""Tandem's cloud hub: serves offloaded inference requests from MQTT on a GPU, batched.
+
+Quick start::
+
+    from cloud_hub import Hub
+    from shared import MqttSettings
+
+    with Hub("models/", mqtt=MqttSettings.from_url("mqtt://127.0.0.1:1883")) as hub:
+        hub.run_forever()  # or: python -m cloud_hub --repo models/
+
+The pieces: ``ModelRepository`` (Triton-like directories, see ``ModelConfig``)
+→ executors (``OnnxExecutor``, ``TorchExecutor``, ``CallableExecutor``)
+→ ``DynamicBatcher`` (one per model) ← ``MqttWorker`` (requests in, replies
+out), all owned by ``Hub``. Errors derive from ``HubError``; each carries the
+wire ``ErrorCode`` a device receives.
+"""
+
+from ._batcher import DynamicBatcher, InferenceResult, ResultFuture
+from ._config import ModelConfig, TensorSpec
+from ._errors import (
+    BadRequestError,
+    BrokerError,
+    DeadlineExceededError,
+    ExecutorError,
+    HubError,
+    HubStoppingError,
+    InvalidRequestError,
+    ModelConfigError,
+    ModelNotFoundError,
+    OverloadedError,
+    RepositoryError,
+    RequestTooLargeError,
+    error_code,
+)
+from ._metrics import BatcherMetrics, BatcherStats
+from ._mqtt_worker import MqttWorker
+from ._repository import ModelRepository, ServedModel
+from ._server import Hub
+from .executors import CallableExecutor, Executor, OnnxExecutor, TorchExecutor
+
+__all__ = [
+    "BadRequestError",
+    "BatcherMetrics",
+    "BatcherStats",
+    "BrokerError",
+    "CallableExecutor",
+    "DeadlineExceededError",
+    "DynamicBatcher",
+    "Executor",
+    "ExecutorError",
+    "Hub",
+    "HubError",
+    "HubStoppingError",
+    "InferenceResult",
+    "InvalidRequestError",
+    "ModelConfig",
+    "ModelConfigError",
+    "ModelNotFoundError",
+    "ModelRepository",
+    "MqttWorker",
+    "OnnxExecutor",
+    "OverloadedError",
+    "RepositoryError",
+    "RequestTooLargeError",
+    "ResultFuture",
+    "ServedModel",
+    "TensorSpec",
+    "TorchExecutor",
+    "error_code",
+]

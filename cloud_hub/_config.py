@@ -1,0 +1,268 @@
+"""Model configuration: what ``<repo>/<model>/config.json`` says, validated.
+
+Every key is optional::
+
+    {"platform": "onnxruntime" | "torch",      # default: from the model file present
+     "max_batch_size": 64,                     # rows per batch; 0 = the model does not batch
+     "max_queue_delay_ms": 2.0,                # wait at most this long to fill a batch
+     "max_queue_size": 1024,                   # requests waiting; beyond it: OVERLOADED
+     "inputs":  [{"name": "image", "datatype": "FP32", "dims": [1, 28, 28]}],
+     "outputs": [{"name": "logits", "datatype": "FP32", "dims": [10]}],
+     "default_version": null}                  # default: the highest version directory
+
+``dims`` exclude the batch dimension when ``max_batch_size > 0`` (as in
+Triton); ``-1`` (or ``null``) is a dimension of any size. ``ModelConfig``
+validates in its constructor and names the file and field of the first
+problem on one line. ``resolve_config`` then reconciles a config with what
+the loaded model says about itself (ONNX files describe their tensors,
+TorchScript does not), so a served model always has concrete inputs,
+outputs and a batch size. This module does no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from shared import DATATYPES
+
+from ._errors import ModelConfigError
+
+__all__ = ["DEFAULT_MAX_BATCH_SIZE", "PLATFORMS", "ModelConfig", "TensorSpec", "resolve_config"]
+
+Platform = Literal["onnxruntime", "torch", "custom"]
+PLATFORMS: tuple[str, ...] = ("onnxruntime", "torch")
+DEFAULT_MAX_BATCH_SIZE = 64
+_KEYS = frozenset(
+    {
+        "platform",
+        "max_batch_size",
+        "max_queue_delay_ms",
+        "max_queue_size",
+        "inputs",
+        "outputs",
+        "default_version",
+    }
+)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A model input or output: an Open Inference Protocol datatype and dims (-1: any size)."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or len(self.name) > 256:
+            raise ModelConfigError(f"tensor name must be 1-256 characters, got {self.name!r}")
+        if self.datatype not in DATATYPES:
+            raise ModelConfigError(
+                f"tensor {self.name!r}: unknown datatype {self.datatype!r}; "
+                f"expected one of {', '.join(DATATYPES)}"
+            )
+        dims = tuple(self.dims)
+        if not all(
+            isinstance(d, int) and not isinstance(d, bool) and (d > 0 or d == -1) for d in dims
+        ):
+            raise ModelConfigError(
+                f"tensor {self.name!r}: dims must be positive ints or -1, got {list(dims)}"
+            )
+        object.__setattr__(self, "dims", dims)
+
+    def describe(self) -> str:
+        dims = ", ".join("?" if d < 0 else str(d) for d in self.dims)
+        return f"{self.name}: {self.datatype}[{dims}]"
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> TensorSpec:
+        if not isinstance(data, Mapping):
+            raise ModelConfigError(f"{where}: must be an object with name, datatype and dims")
+        unknown = set(data) - {"name", "datatype", "dims"}
+        if unknown:
+            raise ModelConfigError(f"{where}: unknown keys {sorted(unknown)}")
+        dims = data.get("dims")
+        if not isinstance(dims, list):
+            raise ModelConfigError(f"{where}.dims: must be a list of ints (-1 for any size)")
+        try:
+            return cls(
+                data.get("name"),  # type: ignore[arg-type]  # checked in __post_init__
+                data.get("datatype"),  # type: ignore[arg-type]
+                tuple(-1 if d is None else d for d in dims),
+            )
+        except ModelConfigError as e:
+            raise ModelConfigError(f"{where}: {e}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """How one model is served. ``None`` fields are filled in by ``resolve_config``."""
+
+    platform: Platform | None = None
+    max_batch_size: int | None = None  # rows per batch; 0: the model takes no batch dim
+    max_queue_delay_ms: float = 2.0
+    max_queue_size: int = 1024  # requests, not rows
+    inputs: tuple[TensorSpec, ...] | None = None
+    outputs: tuple[TensorSpec, ...] | None = None
+    default_version: int | None = None
+    source: str = field(default="<config>", compare=False)  # where it came from, for messages
+
+    def __post_init__(self) -> None:
+        src = self.source
+        if self.platform is not None and self.platform not in (*PLATFORMS, "custom"):
+            raise ModelConfigError(
+                f"{src}: platform: must be one of {', '.join(PLATFORMS)}, got {self.platform!r}"
+            )
+        _check_int(self.max_batch_size, f"{src}: max_batch_size", minimum=0, optional=True)
+        _check_int(self.max_queue_size, f"{src}: max_queue_size", minimum=1)
+        _check_int(self.default_version, f"{src}: default_version", minimum=0, optional=True)
+        delay = self.max_queue_delay_ms
+        if (
+            not isinstance(delay, int | float)
+            or isinstance(delay, bool)
+            or not math.isfinite(delay)
+            or delay < 0
+        ):
+            raise ModelConfigError(
+                f"{src}: max_queue_delay_ms: must be a non-negative number, got {delay!r}"
+            )
+        for key in ("inputs", "outputs"):
+            specs = getattr(self, key)
+            if specs is None:
+                continue
+            specs = tuple(specs)
+            object.__setattr__(self, key, specs)
+            if not specs or not all(isinstance(s, TensorSpec) for s in specs):
+                raise ModelConfigError(f"{src}: {key}: must be a non-empty list of tensors")
+            names = [s.name for s in specs]
+            if len(set(names)) != len(names):
+                raise ModelConfigError(f"{src}: {key}: duplicate tensor names in {names}")
+
+    @property
+    def batched(self) -> bool:
+        return bool(self.max_batch_size)
+
+    @classmethod
+    def from_json(cls, data: object, source: str = "<config>") -> ModelConfig:
+        """Build a config from parsed JSON, rejecting unknown keys (they are usually typos)."""
+        if not isinstance(data, Mapping):
+            raise ModelConfigError(f"{source}: must be a JSON object")
+        unknown = set(data) - _KEYS
+        if unknown:
+            raise ModelConfigError(
+                f"{source}: unknown keys {sorted(unknown)}; known keys are {sorted(_KEYS)}"
+            )
+        platform = data.get("platform")
+        if platform is not None and platform not in PLATFORMS:
+            raise ModelConfigError(
+                f"{source}: platform: must be one of {', '.join(PLATFORMS)}, got {platform!r}"
+            )
+        values: dict[str, Any] = {k: v for k, v in data.items() if k not in ("inputs", "outputs")}
+        for key in ("inputs", "outputs"):
+            raw = data.get(key)
+            if raw is None:
+                continue
+            if not isinstance(raw, list):
+                raise ModelConfigError(f"{source}: {key}: must be a list of tensor objects")
+            values[key] = tuple(
+                TensorSpec.from_json(item, f"{source}: {key}[{i}]") for i, item in enumerate(raw)
+            )
+        if values.get("max_queue_delay_ms") is None:
+            values.pop("max_queue_delay_ms", None)
+        if values.get("max_queue_size") is None:
+            values.pop("max_queue_size", None)
+        return cls(**values, source=source)
+
+
+def resolve_config(
+    config: ModelConfig,
+    *,
+    platform: Platform,
+    model_inputs: Sequence[TensorSpec] | None,
+    model_outputs: Sequence[TensorSpec] | None,
+) -> ModelConfig:
+    """Fill in what ``config`` leaves open from the model's own description.
+
+    ``model_inputs``/``model_outputs`` are full shapes (batch dim included) as
+    the model file declares them, or ``None`` when the format does not say
+    (TorchScript). Raises ``ModelConfigError`` when the two disagree or when
+    neither says.
+    """
+    src = config.source
+    if config.platform is not None and config.platform != platform:
+        raise ModelConfigError(
+            f"{src}: platform: says {config.platform!r} but the model is {platform!r}"
+        )
+    batch = config.max_batch_size
+    if batch is None:
+        fixed_first = model_inputs is not None and any(
+            not s.dims or s.dims[0] != -1 for s in model_inputs
+        )
+        batch = 0 if fixed_first else DEFAULT_MAX_BATCH_SIZE
+    inputs = _resolve_specs(config.inputs, model_inputs, batch, f"{src}: inputs")
+    outputs = _resolve_specs(config.outputs, model_outputs, batch, f"{src}: outputs")
+    return replace(config, platform=platform, max_batch_size=batch, inputs=inputs, outputs=outputs)
+
+
+def _resolve_specs(
+    declared: tuple[TensorSpec, ...] | None,
+    model: Sequence[TensorSpec] | None,
+    batch: int,
+    where: str,
+) -> tuple[TensorSpec, ...]:
+    if model is None:
+        if declared is None:
+            raise ModelConfigError(
+                f"{where}: required, because the model file does not describe its tensors"
+            )
+        return declared
+    per_row: list[TensorSpec] = []
+    for spec in model:
+        if batch:
+            if not spec.dims or spec.dims[0] != -1:
+                raise ModelConfigError(
+                    f"{where}: the model's {spec.describe()} has no variable batch dimension; "
+                    "set max_batch_size to 0"
+                )
+            spec = TensorSpec(spec.name, spec.datatype, spec.dims[1:])
+        per_row.append(spec)
+    if declared is None:
+        return tuple(per_row)
+    by_name = {s.name: s for s in per_row}
+    if set(by_name) != {s.name for s in declared}:
+        raise ModelConfigError(
+            f"{where}: names {sorted(s.name for s in declared)} do not match the model's "
+            f"{sorted(by_name)}"
+        )
+    for spec in declared:
+        actual = by_name[spec.name]
+        if (
+            spec.datatype != actual.datatype
+            or len(spec.dims) != len(actual.dims)
+            or any(
+                a != b and a != -1 and b != -1 for a, b in zip(spec.dims, actual.dims, strict=True)
+            )
+        ):
+            raise ModelConfigError(
+                f"{where}: {spec.describe()} does not match the model's {actual.describe()}"
+                + (" (dims exclude the batch dimension)" if batch else "")
+            )
+    # The declared order wins (it is the order a TorchScript module takes positionally).
+    return tuple(
+        TensorSpec(
+            s.name,
+            s.datatype,
+            tuple(b if a == -1 else a for a, b in zip(s.dims, by_name[s.name].dims, strict=True)),
+        )
+        for s in declared
+    )
+
+
+def _check_int(value: object, where: str, *, minimum: int, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ModelConfigError(f"{where}: must be an integer >= {minimum}, got {value!r}")

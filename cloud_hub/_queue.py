@@ -1,0 +1,234 @@
+"""The dynamic batcher's pure logic: argument checks, batch formation, stacking, splitting.
+
+Nothing here touches a clock, a thread or a lock: times come in as
+arguments, so every rule below is tested with plain numbers.
+
+Invariants of ``RequestQueue.take(now)``:
+
+- requests leave in arrival order among those that can share a batch;
+  requests share a batch only if their non-batch dimensions are equal (their
+  ``key``), because stacking along dim 0 needs equal trailing shapes;
+- a batch never holds more than ``max_batch_size`` rows (a request of n rows
+  counts n); a request larger than that never enters (``check_inputs``);
+- a request whose deadline is at or before ``now`` is returned as expired,
+  never in a batch (the device has given up on it: computing is waste);
+- a batch leaves when it is full (``max_batch_size`` rows, or the next
+  request of its key does not fit), when ``max_queue_delay`` has passed since
+  its oldest request arrived, or when the caller flushes; otherwise ``take``
+  says when to look again: the end of that window or the next deadline,
+  whichever is first;
+- with ``max_batch_size == 0`` (a model without a batch dimension) every
+  request is its own batch, at once;
+- ``push`` refuses beyond ``max_queue_size`` requests (``OverloadedError``):
+  a bounded queue answers "overloaded" at once instead of growing latency.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from shared import TensorError, datatype_of, shape_compatible
+
+from ._config import TensorSpec
+from ._errors import InvalidRequestError, OverloadedError, RequestTooLargeError
+
+__all__ = [
+    "PendingRequest",
+    "RequestQueue",
+    "Take",
+    "check_inputs",
+    "split_outputs",
+    "stack_inputs",
+]
+
+ShapeKey = tuple[tuple[int, ...], ...]
+
+
+@dataclass(eq=False)
+class PendingRequest:
+    """One queued request; ``ticket`` is the caller's handle (a future), opaque here."""
+
+    inputs: dict[str, np.ndarray]
+    rows: int
+    key: ShapeKey
+    arrival: float
+    deadline: float | None = None
+    ticket: Any = None
+
+
+@dataclass
+class Take:
+    """What ``RequestQueue.take`` decided: a batch to run, requests to expire, when to look."""
+
+    batch: list[PendingRequest] = field(default_factory=list)
+    expired: list[PendingRequest] = field(default_factory=list)
+    wake_at: float | None = None  # None: nothing to wait for but the next push
+
+
+class RequestQueue:
+    """A bounded FIFO of pending requests that forms batches (see module docstring)."""
+
+    def __init__(
+        self, *, max_batch_size: int, max_queue_delay_s: float, max_queue_size: int
+    ) -> None:
+        if max_batch_size < 0 or max_queue_delay_s < 0 or max_queue_size < 1:
+            raise ValueError(
+                "need max_batch_size >= 0, max_queue_delay_s >= 0, max_queue_size >= 1"
+            )
+        self.max_batch_size = max_batch_size
+        self.max_queue_delay_s = max_queue_delay_s
+        self.max_queue_size = max_queue_size
+        self._items: deque[PendingRequest] = deque()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[PendingRequest]:
+        return iter(self._items)
+
+    def push(self, request: PendingRequest) -> None:
+        if len(self._items) >= self.max_queue_size:
+            raise OverloadedError(
+                f"queue full ({self.max_queue_size} requests waiting); try again later"
+            )
+        self._items.append(request)
+
+    def drain(self) -> list[PendingRequest]:
+        """Remove and return everything queued."""
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+    def take(self, now: float, *, flush: bool = False) -> Take:
+        result = Take()
+        if any(r.deadline is not None and r.deadline <= now for r in self._items):
+            kept: deque[PendingRequest] = deque()
+            for r in self._items:
+                (result.expired if r.deadline is not None and r.deadline <= now else kept).append(r)
+            self._items = kept
+        if not self._items:
+            return result
+        head = self._items[0]
+        if self.max_batch_size == 0:
+            result.batch.append(self._items.popleft())
+            return result
+        rows = 0
+        full = False
+        for r in self._items:
+            if r.key != head.key:
+                continue
+            if rows + r.rows > self.max_batch_size:
+                full = True
+                break
+            result.batch.append(r)
+            rows += r.rows
+        full = full or rows == self.max_batch_size
+        window_end = head.arrival + self.max_queue_delay_s
+        if full or flush or now >= window_end:
+            taken = {id(r) for r in result.batch}
+            self._items = deque(r for r in self._items if id(r) not in taken)
+            return result
+        result.batch = []
+        deadlines = [r.deadline for r in self._items if r.deadline is not None]
+        result.wake_at = min([window_end, *deadlines])
+        return result
+
+
+def check_inputs(
+    inputs: Mapping[str, object],
+    specs: Sequence[TensorSpec],
+    *,
+    max_batch_size: int,
+    model: str = "model",
+) -> tuple[dict[str, np.ndarray], int, ShapeKey]:
+    """Check a request against the model's inputs; return (inputs, rows, shape key).
+
+    With ``max_batch_size > 0`` each array is ``[n, *dims]`` with the same
+    n >= 1 for all inputs, and n <= ``max_batch_size``. Raises
+    ``InvalidRequestError`` (or ``RequestTooLargeError``) naming what is off.
+    """
+    batched = max_batch_size > 0
+    expected = {s.name: s for s in specs}
+    missing = sorted(set(expected) - set(inputs))
+    unknown = sorted(set(inputs) - set(expected))
+    if missing or unknown:
+        problems = ([f"missing {missing}"] if missing else []) + (
+            [f"unknown {unknown}"] if unknown else []
+        )
+        raise InvalidRequestError(
+            f"model {model!r} takes inputs ({', '.join(_describe(s, batched) for s in specs)}); "
+            + "; ".join(problems)
+        )
+    checked: dict[str, np.ndarray] = {}
+    rows: set[int] = set()
+    key: list[tuple[int, ...]] = []
+    for spec in specs:
+        array = inputs[spec.name]
+        if not isinstance(array, np.ndarray):
+            raise InvalidRequestError(
+                f"input {spec.name!r} must be a numpy array, got {type(array).__name__}"
+            )
+        try:
+            datatype = datatype_of(array)
+        except TensorError as e:
+            raise InvalidRequestError(f"input {spec.name!r}: {e}") from e
+        if datatype != spec.datatype:
+            raise InvalidRequestError(
+                f"input {spec.name!r} of model {model!r} must be {spec.datatype}, got {datatype}"
+            )
+        declared = (-1, *spec.dims) if batched else spec.dims
+        if not shape_compatible(array.shape, declared) or (batched and array.shape[0] < 1):
+            raise InvalidRequestError(
+                f"input {spec.name!r} of model {model!r} must have shape "
+                f"{_dims(spec, batched)}, got {list(array.shape)}"
+            )
+        if batched:
+            rows.add(array.shape[0])
+            key.append(tuple(array.shape[1:]))
+        checked[spec.name] = array
+    if not batched:
+        return checked, 1, ()
+    if len(rows) != 1:
+        raise InvalidRequestError(
+            f"inputs of one request must have the same number of rows (dim 0), got {sorted(rows)}"
+        )
+    (n,) = rows
+    if n > max_batch_size:
+        raise RequestTooLargeError(
+            f"request has {n} rows; model {model!r} takes at most {max_batch_size} per batch"
+        )
+    return checked, n, tuple(key)
+
+
+def stack_inputs(batch: Sequence[PendingRequest]) -> dict[str, np.ndarray]:
+    """Concatenate the batch's inputs along dim 0 (no copy for a batch of one)."""
+    if len(batch) == 1:
+        return dict(batch[0].inputs)
+    return {name: np.concatenate([r.inputs[name] for r in batch]) for name in batch[0].inputs}
+
+
+def split_outputs(
+    outputs: Mapping[str, np.ndarray], rows: Sequence[int]
+) -> list[dict[str, np.ndarray]]:
+    """Cut batch outputs back into per-request outputs of ``rows[i]`` rows each."""
+    parts: list[dict[str, np.ndarray]] = []
+    start = 0
+    for n in rows:
+        parts.append({name: value[start : start + n] for name, value in outputs.items()})
+        start += n
+    return parts
+
+
+def _dims(spec: TensorSpec, batched: bool) -> str:
+    dims = ["?"] if batched else []
+    dims += ["?" if d < 0 else str(d) for d in spec.dims]
+    return f"[{', '.join(dims)}]"
+
+
+def _describe(spec: TensorSpec, batched: bool) -> str:
+    return f"{spec.name}: {spec.datatype}{_dims(spec, batched)}"

@@ -1,0 +1,235 @@
+"""The hub: a model repository, one dynamic batcher per model, and the MQTT worker.
+
+``start`` brings parts up in dependency order (models loaded and warmed up,
+then batchers, then the MQTT subscription, so the first request finds
+everything ready); ``stop`` takes them down in reverse: unsubscribe (no new
+requests; replies keep flowing), stop the batchers (queued requests are
+answered ``overloaded``, the batch in flight finishes and is answered),
+flush replies and disconnect, then release the models. A failure in
+``start`` stops whatever had started before it is raised.
+
+``submit`` is the in-process entry point (the MQTT worker uses it, and so
+can an HTTP front end or a benchmark).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+import numpy as np
+
+from shared import Limits, MqttSettings, Topics
+
+from ._batcher import DynamicBatcher, ResultFuture
+from ._config import ModelConfig
+from ._errors import HubStoppingError, ModelNotFoundError
+from ._metrics import BatcherStats
+from ._mqtt_worker import MqttWorker
+from ._repository import ModelRepository, ServedModel
+from .executors import Executor
+
+__all__ = ["Hub"]
+
+log = logging.getLogger(__name__)
+
+
+class Hub:
+    """Serves the models of a repository over MQTT (and in process through ``submit``).
+
+    ``repository`` is a directory in the Triton-like layout (loaded at
+    ``start``), a ``ModelRepository`` you built (the hub leaves closing it to
+    you), or ``None`` for models added with ``add_model``. ``mqtt=None``
+    runs without a broker: only ``submit`` serves. ``connect_timeout_s`` is
+    how long ``start`` waits for the subscription (``None``: do not wait,
+    keep retrying in the background).
+    """
+
+    def __init__(
+        self,
+        repository: str | Path | ModelRepository | None = None,
+        *,
+        mqtt: MqttSettings | None = None,
+        topics: Topics | None = None,
+        share_group: str | None = "hubs",
+        limits: Limits | None = None,
+        client_id: str | None = None,
+        torch_device: str | None = None,
+        connect_timeout_s: float | None = 10.0,
+    ) -> None:
+        if isinstance(repository, ModelRepository):
+            self.repository, self._path, self._owns_repository = repository, None, False
+        else:
+            self.repository = ModelRepository()
+            self._path = None if repository is None else Path(repository)
+            self._owns_repository = True
+        self.mqtt = mqtt
+        self.topics = topics or Topics()
+        self.share_group = share_group
+        self.limits = limits or Limits()
+        self.client_id = client_id
+        self.torch_device = torch_device
+        self.connect_timeout_s = connect_timeout_s
+        self.worker: MqttWorker | None = None
+        self._batchers: dict[str, DynamicBatcher] = {}
+        self._lock = threading.Lock()
+        self._running = False
+        self._stop_requested = threading.Event()
+
+    # -- models ---------------------------------------------------------------------------
+
+    def add_model(
+        self,
+        name: str,
+        executor: Executor,
+        *,
+        version: str | int = 1,
+        config: ModelConfig | None = None,
+    ) -> ServedModel:
+        """Serve ``executor`` as ``name``; works before and after ``start``."""
+        replaced = self.repository.get(name) if name in self.repository else None
+        served = self.repository.add(name, executor, version=version, config=config)
+        if self._running:
+            self._serve(served)  # waits for the old batcher's batch in flight
+        if replaced is not None and replaced.executor is not executor:
+            replaced.executor.close()
+        return served
+
+    def submit(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        version: str | None = None,
+        deadline: float | None = None,
+    ) -> ResultFuture:
+        """Queue one request for ``model`` (``deadline``: ``time.monotonic()`` seconds).
+
+        Raises ``ModelNotFoundError``, ``InvalidRequestError``,
+        ``OverloadedError``, ``DeadlineExceededError`` or ``HubStoppingError``
+        at once; the future carries the result or the batch's error.
+        """
+        if not self._running:
+            raise HubStoppingError("the hub is not running")
+        served = self.repository.get(model, version)
+        batcher = self._batchers.get(served.name)
+        if batcher is None or batcher.version != served.version:
+            raise ModelNotFoundError(f"model {served.label} is still being loaded")
+        return batcher.submit(inputs, deadline)
+
+    def metrics(self) -> dict[str, BatcherStats]:
+        """A snapshot of each model's batcher counters, keyed by ``name@version``."""
+        return {b.label: b.metrics.snapshot() for b in list(self._batchers.values())}
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> Hub:
+        """Load models, start batchers, then subscribe. Raises what failed, after cleanup."""
+        if self._running:
+            return self
+        try:
+            if self._path is not None:
+                self.repository.load_directory(self._path, torch_device=self.torch_device)
+            self._running = True
+            for served in self.repository:
+                self._serve(served)
+            if self.mqtt is not None:
+                self.worker = MqttWorker(
+                    self._submit_from_worker,
+                    mqtt=self.mqtt,
+                    topics=self.topics,
+                    share_group=self.share_group,
+                    limits=self.limits,
+                    client_id=self.client_id,
+                )
+                self.worker.start(wait_s=self.connect_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        log.info(
+            "hub serving %d model(s): %s",
+            len(self.repository),
+            ", ".join(m.label for m in self.repository) or "none",
+        )
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop everything ``start`` started, in reverse order. Safe to call twice."""
+        self._running = False
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            worker.pause()
+        with self._lock:
+            batchers = list(self._batchers.values())
+            self._batchers.clear()
+        for batcher in batchers:
+            batcher.stop(timeout_s)
+        if worker is not None:
+            worker.stop(timeout_s)
+        if self._owns_repository:
+            self.repository.close()
+
+    def run_forever(self) -> None:
+        """Start, serve until SIGINT or SIGTERM (or ``request_stop``), then stop."""
+        in_main = threading.current_thread() is threading.main_thread()
+        previous: dict[signal.Signals, Any] = {}
+        if in_main:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        try:
+            self.start()
+            while not self._stop_requested.wait(1.0):  # a timed wait lets signals in
+                pass
+        finally:
+            self.stop()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def request_stop(self) -> None:
+        """Make ``run_forever`` return (thread-safe)."""
+        self._stop_requested.set()
+
+    def __enter__(self) -> Hub:
+        return self.start()
+
+    def __exit__(
+        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _serve(self, served: ServedModel) -> None:
+        config = served.config
+        batcher = DynamicBatcher(
+            served.executor,
+            inputs=config.inputs or (),
+            max_batch_size=config.max_batch_size or 0,
+            max_queue_delay_ms=config.max_queue_delay_ms,
+            max_queue_size=config.max_queue_size,
+            model=served.name,
+            version=served.version,
+        ).start()
+        with self._lock:
+            old = self._batchers.get(served.name)
+            self._batchers[served.name] = batcher
+        if old is not None:
+            old.stop()
+
+    def _submit_from_worker(
+        self,
+        model: str,
+        version: str | None,
+        inputs: Mapping[str, np.ndarray],
+        deadline: float | None,
+    ) -> ResultFuture:
+        return self.submit(model, inputs, version=version, deadline=deadline)
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        log.info("got %s; stopping", signal.Signals(signum).name)
+        self._stop_requested.set()

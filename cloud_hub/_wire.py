@@ -1,0 +1,153 @@
+"""Pure helpers between MQTT frames and the batcher: who to answer, and with what.
+
+The worker answers every request it can correlate, including those whose
+frame it cannot decode. ``salvage_target`` reads just enough of a bad
+frame's header (the id, the reply topic) to send a typed error back;
+without both, there is nobody to answer and the frame is dropped.
+
+``reply_topic_allowed`` keeps the hub from being used as a reflector: a
+reply goes to an ordinary topic, never to a ``$`` system topic or back onto
+a request topic (which would loop through every hub).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from shared import NAME_PATTERN, ErrorCode, Limits, Message, Topics, decode_header
+
+__all__ = ["ReplyTarget", "error_reply", "reply_topic_allowed", "salvage_target", "timing_ms"]
+
+_MAX_TOPIC = 512
+
+
+@dataclass(frozen=True)
+class ReplyTarget:
+    """Where and how to answer one request. ``deadline`` is in ``time.monotonic()`` seconds."""
+
+    request_id: str
+    reply_to: str
+    model: str
+    received: float  # monotonic time the hub got the frame
+    device_id: str | None = None
+    model_version: str | None = None
+    correlation_data: bytes | None = None  # MQTT 5, echoed back when the request had it
+    deadline: float | None = None
+
+    @classmethod
+    def of(
+        cls,
+        request: Message,
+        reply_to: str,
+        received: float,
+        correlation_data: bytes | None = None,
+    ) -> ReplyTarget:
+        deadline = None if request.timeout_ms is None else received + request.timeout_ms / 1000.0
+        return cls(
+            request_id=request.request_id,
+            reply_to=reply_to,
+            model=request.model,
+            received=received,
+            device_id=request.device_id,
+            model_version=request.model_version,
+            correlation_data=correlation_data,
+            deadline=deadline,
+        )
+
+    def expiry_interval_s(self, now: float) -> int | None:
+        """MQTT 5 message expiry for the reply: the whole seconds left until the deadline."""
+        if self.deadline is None:
+            return None
+        return max(1, math.ceil(self.deadline - now))
+
+
+def reply_topic_allowed(topic: object, topics: Topics) -> bool:
+    """Whether the hub may publish a reply on ``topic``."""
+    return (
+        isinstance(topic, str)
+        and 0 < len(topic) <= _MAX_TOPIC
+        and not any(c in topic for c in "+#\0")
+        and not topic.startswith("$")
+        and not topic.startswith(f"{topics.prefix}/infer/")
+    )
+
+
+def salvage_target(
+    payload: bytes,
+    *,
+    limits: Limits,
+    topics: Topics,
+    topic_model: str | None,
+    received: float,
+    response_topic: str | None = None,
+    correlation_data: bytes | None = None,
+) -> ReplyTarget | None:
+    """A reply target read from a frame that does not decode, or ``None`` if there is none.
+
+    The header is read with the frame-size limit lifted to the frame's own
+    length (the bytes are already in memory), so an oversized frame can still
+    be answered ``too_large``; the header-size limit still holds.
+    """
+    relaxed = dataclasses.replace(limits, max_frame_bytes=max(len(payload), limits.max_frame_bytes))
+    try:
+        header: Mapping[str, Any] = decode_header(payload, relaxed)
+    except Exception:  # garbage: not even a header to read
+        return None
+    if header.get("kind", "request") != "request":
+        return None
+    request_id = header.get("id")
+    reply_to = header.get("reply_to", response_topic)
+    if not (isinstance(request_id, str) and 0 < len(request_id) <= 128):
+        return None
+    if not reply_topic_allowed(reply_to, topics):
+        return None
+    model = header.get("model")
+    if not (isinstance(model, str) and NAME_PATTERN.fullmatch(model)):
+        model = topic_model or "unknown"
+    device = header.get("device")
+    version = header.get("version")
+    timeout_ms = header.get("timeout_ms")
+    deadline = None
+    if (
+        isinstance(timeout_ms, int | float)
+        and not isinstance(timeout_ms, bool)
+        and (math.isfinite(timeout_ms) and timeout_ms >= 0)
+    ):
+        deadline = received + timeout_ms / 1000.0
+    return ReplyTarget(
+        request_id=request_id,
+        reply_to=reply_to,
+        model=model,
+        received=received,
+        device_id=device if isinstance(device, str) and 0 < len(device) <= 128 else None,
+        model_version=version if isinstance(version, str) and 0 < len(version) <= 64 else None,
+        correlation_data=correlation_data,
+        deadline=deadline,
+    )
+
+
+def error_reply(
+    target: ReplyTarget, code: ErrorCode, message: str, timing: Mapping[str, float] | None = None
+) -> Message:
+    """The error reply to ``target``'s request."""
+    return Message(
+        kind="reply",
+        request_id=target.request_id,
+        model=target.model,
+        model_version=target.model_version,
+        device_id=target.device_id,
+        error=code,
+        error_message=message[:1000],
+        timing=dict(timing or {}),
+    )
+
+
+def timing_ms(target: ReplyTarget, now: float, **parts: float) -> dict[str, float]:
+    """The reply's ``timing``: the given parts plus ``hub_ms`` since the frame arrived."""
+    timing = {k: round(v, 3) for k, v in parts.items()}
+    timing["hub_ms"] = round(1000.0 * (now - target.received), 3)
+    return timing
