@@ -112,12 +112,13 @@ def salvage_target(
     version = header.get("version")
     timeout_ms = header.get("timeout_ms")
     deadline = None
-    if (
-        isinstance(timeout_ms, int | float)
-        and not isinstance(timeout_ms, bool)
-        and (math.isfinite(timeout_ms) and timeout_ms >= 0)
-    ):
-        deadline = received + timeout_ms / 1000.0
+    if isinstance(timeout_ms, int | float) and not isinstance(timeout_ms, bool):
+        try:
+            budget_ms = float(timeout_ms)  # a 400-digit int overflows here, not later
+        except OverflowError:
+            budget_ms = math.inf
+        if math.isfinite(budget_ms) and budget_ms >= 0:
+            deadline = received + budget_ms / 1000.0
     return ReplyTarget(
         request_id=request_id,
         reply_to=reply_to,
