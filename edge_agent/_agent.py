@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+
 import numpy as np
 
 from shared import ErrorCode, Limits, Message, MqttSettings, Topics, TransferOptions, new_request_id
@@ -111,7 +112,9 @@ class BaseAgent:
         self.default_deadline_ms = default_deadline_ms
         self.safety_margin_ms = safety_margin_ms
         if policy is None:
-            policy = OffloadPolicy.budget(0.2) if broker is not None else OffloadPolicy.always_local()
+            policy = (
+                OffloadPolicy.budget(0.2) if broker is not None else OffloadPolicy.always_local()
+            )
         self.policy = policy
         self.breaker = breaker or CircuitBreaker()
         self.local_estimator = local_estimator or LatencyEstimator()
@@ -128,7 +131,9 @@ class BaseAgent:
 
     # -- the pure steps ----------------------------------------------------------------------
 
-    def _begin(self, inputs: Mapping[str, np.ndarray] | np.ndarray, deadline_ms: float | None) -> _Call:
+    def _begin(
+        self, inputs: Mapping[str, np.ndarray] | np.ndarray, deadline_ms: float | None
+    ) -> _Call:
         started = time.perf_counter()
         named = self._name_inputs(inputs)
         if self.runtime is not None:
@@ -149,7 +154,8 @@ class BaseAgent:
             return dict(inputs)
         if not isinstance(inputs, np.ndarray):
             raise InvalidInputError(
-                f"inputs must be a numpy array or a mapping of name to array, got {type(inputs).__name__}"
+                "inputs must be a numpy array or a mapping of name to array, "
+                f"got {type(inputs).__name__}"
             )
         if self.runtime is not None:
             specs = self.runtime.inputs
@@ -228,7 +234,12 @@ class BaseAgent:
                 self.breaker.record_failure()
             else:  # the hub is up but cannot take this request
                 self.breaker.record_success()
-                log.warning("hub rejected request %s: %s %s", call.request_id, reply.error, reply.error_message)
+                log.warning(
+                    "hub rejected request %s: %s %s",
+                    call.request_id,
+                    reply.error,
+                    reply.error_message,
+                )
             return f"fallback:{reply.error.value}"
         self.breaker.record_success()
         total_ms = call.elapsed_ms()
@@ -296,7 +307,9 @@ class BaseAgent:
             return {}
         return {"edge": f"{self.runtime.name}@{self.runtime.version}"}
 
-    def calibrate(self, samples: np.ndarray | Mapping[str, np.ndarray], *, batch_size: int = 256) -> float:
+    def calibrate(
+        self, samples: np.ndarray | Mapping[str, np.ndarray], *, batch_size: int = 256
+    ) -> float:
         """Run the local model on held-out samples and calibrate the policy's threshold."""
         if self.runtime is None:
             raise ValueError("calibration needs a local model")
@@ -436,4 +449,3 @@ class AsyncEdgeAgent(BaseAgent):
         finally:
             self._local_inflight -= 1
         self._local_done(call, outputs, (time.perf_counter() - t0) * 1000.0)
-

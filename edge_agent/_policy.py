@@ -154,7 +154,9 @@ class UncertainCheck:
             values = outputs
         return np.asarray(self._score(to_probabilities(values, self.outputs)), dtype=np.float64)
 
-    def calibrate(self, outputs: Iterable[Mapping[str, np.ndarray] | np.ndarray] | np.ndarray) -> float:
+    def calibrate(
+        self, outputs: Iterable[Mapping[str, np.ndarray] | np.ndarray] | np.ndarray
+    ) -> float:
         """Set the threshold from outputs of held-out samples; returns it.
 
         Accepts one array of outputs [n, classes] or an iterable of per-request
@@ -259,7 +261,9 @@ class OffloadPolicy:
     def wants_scores(self) -> bool:
         return self.uncertain is not None
 
-    def calibrate(self, outputs: Iterable[Mapping[str, np.ndarray] | np.ndarray] | np.ndarray) -> float:
+    def calibrate(
+        self, outputs: Iterable[Mapping[str, np.ndarray] | np.ndarray] | np.ndarray
+    ) -> float:
         if self.uncertain is None:
             raise ValueError("this policy has no uncertain check to calibrate")
         return self.uncertain.calibrate(outputs)

@@ -156,7 +156,10 @@ class MqttUplink:
             self._pending[request_id] = future
         try:
             info = client.publish(
-                self.topics.infer(model), payload, qos=1, properties=self._properties(request_id, timeout_ms)
+                self.topics.infer(model),
+                payload,
+                qos=1,
+                properties=self._properties(request_id, timeout_ms),
             )
         except (OSError, ValueError, RuntimeError) as e:
             self.forget(request_id)
@@ -186,7 +189,9 @@ class MqttUplink:
 
     # -- paho callbacks (network thread: keep them short) -------------------------------------
 
-    def _on_connect(self, client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any) -> None:
+    def _on_connect(
+        self, client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any
+    ) -> None:
         if reason.is_failure:
             log.warning("broker %s refused the connection: %s", self.settings.url, reason)
             return
@@ -194,7 +199,9 @@ class MqttUplink:
         self.stats.connects += 1
         self._connected.set()
 
-    def _on_disconnect(self, _client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any) -> None:
+    def _on_disconnect(
+        self, _client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any
+    ) -> None:
         was = self._connected.is_set()
         self._connected.clear()
         if was:

@@ -13,9 +13,14 @@ __all__ = ["demo"]
 
 
 def demo(
-    devices: Annotated[int, typer.Option(min=1, max=256, help="Edge agents in the simulated fleet.")] = 8,
+    devices: Annotated[
+        int, typer.Option(min=1, max=256, help="Edge agents in the simulated fleet.")
+    ] = 8,
     budget: Annotated[
-        float, typer.Option(min=0.0, max=1.0, help="Share of requests the collaborative mode may offload.")
+        float,
+        typer.Option(
+            min=0.0, max=1.0, help="Share of requests the collaborative mode may offload."
+        ),
     ] = 0.20,
     score: Annotated[
         str, typer.Option(help="Uncertainty score: margin, max_probability or entropy.")
@@ -23,7 +28,9 @@ def demo(
     deadline_ms: Annotated[float, typer.Option(min=1.0, help="Deadline of each request.")] = 250.0,
     broker: Annotated[
         str | None,
-        typer.Option(help="Use this MQTT broker (e.g. mqtt://127.0.0.1:1883) instead of the embedded one."),
+        typer.Option(
+            help="Use this MQTT broker (e.g. mqtt://127.0.0.1:1883) instead of the embedded one."
+        ),
     ] = None,
     output: Annotated[Path, typer.Option(help="Where the plot and the JSON report go.")] = Path(
         "demo-output"
@@ -43,7 +50,7 @@ def demo(
     Writes OUTPUT/accuracy_vs_offload.png and OUTPUT/report.json.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from edge_agent import SCORES
@@ -57,14 +64,23 @@ def demo(
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console()
     config = DemoConfig(
-        devices=devices, budget=budget, score=score, deadline_ms=deadline_ms,
-        broker_url=broker, cache_dir=cache_dir, limit=limit,
+        devices=devices,
+        budget=budget,
+        score=score,
+        deadline_ms=deadline_ms,
+        broker_url=broker,
+        cache_dir=cache_dir,
+        limit=limit,
     )
     with Progress(
-        TextColumn("{task.description:<28}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(), console=console, transient=False,
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
     ) as bar:
-        tasks: dict[str, int] = {}
+        tasks: dict[str, TaskID] = {}
 
         def progress(stage: str, fraction: float) -> None:
             if stage not in tasks:
@@ -73,19 +89,36 @@ def demo(
 
         report = run_demo(config, progress)
 
-    table = Table(title=f"{len(report.labels)} test digits, {devices} edge agents, broker: {report.broker}")
-    for column in ("mode", "accuracy", "offloaded", "p50 ms", "p99 ms", "fallbacks", "missed deadline"):
+    table = Table(
+        title=f"{len(report.labels)} test digits, {devices} edge agents, broker: {report.broker}"
+    )
+    for column in (
+        "mode",
+        "accuracy",
+        "offloaded",
+        "p50 ms",
+        "p99 ms",
+        "fallbacks",
+        "missed deadline",
+    ):
         table.add_column(column, justify="left" if column == "mode" else "right")
     for m in report.modes:
         table.add_row(
-            m.name, f"{m.accuracy:.2%}", f"{m.offload_rate:.1%}", f"{m.p50_ms:.2f}",
-            f"{m.p99_ms:.2f}", str(m.fallbacks), str(m.deadline_misses),
+            m.name,
+            f"{m.accuracy:.2%}",
+            f"{m.offload_rate:.1%}",
+            f"{m.p50_ms:.2f}",
+            f"{m.p99_ms:.2f}",
+            str(m.fallbacks),
+            str(m.deadline_misses),
         )
     console.print(table)
 
     curves = sweep(report.edge_logits, report.cloud_logits, report.labels)
     points = [(m.name, m.offload_rate, m.accuracy) for m in report.modes]
-    png = plot_accuracy_vs_offload(curves, points, output / "accuracy_vs_offload.png", budget=budget)
+    png = plot_accuracy_vs_offload(
+        curves, points, output / "accuracy_vs_offload.png", budget=budget
+    )
     edge, cloud, collab = report.modes
     gap = cloud.accuracy - edge.accuracy
     recovered = (collab.accuracy - edge.accuracy) / gap if gap > 0 else float("nan")

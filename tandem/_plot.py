@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 __all__ = ["plot_accuracy_vs_offload"]
 
-_STYLE = {
+_STYLE: dict[str, dict[str, Any]] = {
     "oracle": dict(color="black", linestyle=":", linewidth=1.5),
     "random": dict(color="grey", linestyle="--", linewidth=1.2),
 }
@@ -35,8 +36,15 @@ def plot_accuracy_vs_offload(
         ax.plot(x, curve * 100.0, label=f"{name} (offline sweep)", **_STYLE.get(name, {}))
     markers = iter("os^Dv")
     for label, rate, accuracy in points:
-        ax.scatter([rate * 100.0], [accuracy * 100.0], s=70, zorder=5, marker=next(markers, "o"),
-                   edgecolors="black", label=f"{label} (measured)")
+        ax.scatter(
+            [rate * 100.0],
+            [accuracy * 100.0],
+            s=70,
+            zorder=5,
+            marker=next(markers, "o"),
+            edgecolors="black",
+            label=f"{label} (measured)",
+        )
     if budget is not None:
         ax.axvline(budget * 100.0, color="tab:red", alpha=0.35, linewidth=1)
     ax.set_xlabel("requests offloaded to the cloud (%)")

@@ -1,18 +1,19 @@
 """The ``tandem`` command: one entry point whose subcommands load their package lazily.
 
-``tandem --help`` imports nothing heavy; ``tandem hub`` imports the hub only
-when it runs, so a device with ``tandem[edge]`` never pays for torch.
+``tandem --help`` imports no subcommand's package; ``tandem hub`` imports the
+hub only when it runs, so a device with ``tandem[edge]`` never pays for torch.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated, Any
 
-import click
 import typer
+from typer.core import TyperCommand, TyperGroup
 
-__all__ = ["main"]
+__all__ = ["app", "main"]
 
 # name -> (module, attribute, one-line help). The attribute is a typer app or a
 # typer-annotated function.
@@ -20,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": (
         "tandem._demo_cli",
         "demo",
-        "Run the whole system on one machine on real MNIST digits and print the comparison.",
+        "Run the whole system on one machine on real MNIST digits and compare modes.",
     ),
     "hub": (
         "cloud_hub._cli",
@@ -30,21 +31,29 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-class LazyGroup(click.Group):
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+class LazyGroup(TyperGroup):
+    """Resolves a subcommand by importing its module only when it is invoked."""
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    _listing = False  # while rendering --help, commands are shown from COMMANDS alone
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
         if cmd_name not in COMMANDS:
             return None
-        module_name, attr, _ = COMMANDS[cmd_name]
+        module_name, attr, short = COMMANDS[cmd_name]
+        if self._listing:
+            return TyperCommand(name=cmd_name, help=short, short_help=short)
         try:
             target: Any = getattr(importlib.import_module(module_name), attr)
         except ImportError as e:
-            raise click.ClickException(
-                f"'tandem {cmd_name}' needs a package that is not installed ({e.name}); "
-                "install tandem[all]"
-            ) from e
+            typer.echo(
+                f"error: 'tandem {cmd_name}' needs {e.name!r}, which is not installed; "
+                "install tandem[all]",
+                err=True,
+            )
+            raise typer.Exit(2) from e
         if not isinstance(target, typer.Typer):
             single = typer.Typer(add_completion=False)
             single.command(name=cmd_name)(target)
@@ -53,15 +62,38 @@ class LazyGroup(click.Group):
         command.name = cmd_name
         return command
 
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
-        with formatter.section("Commands"):
-            formatter.write_dl(rows)
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="tandem")
-def cli() -> None:
+app = typer.Typer(
+    cls=LazyGroup,
+    add_completion=False,
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        try:
+            typer.echo(f"tandem {version('tandem')}")
+        except PackageNotFoundError:
+            typer.echo("tandem (not installed as a package)")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    _version: Annotated[
+        bool,
+        typer.Option("--version", callback=_show_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
     """Tandem: edge-cloud collaborative inference.
 
     Devices answer with a small local model and offload heavy or uncertain
@@ -71,7 +103,7 @@ def cli() -> None:
 
 
 def main() -> None:
-    cli(prog_name="tandem")
+    app(prog_name="tandem")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ the CLI renders.
 from __future__ import annotations
 
 import contextlib
+import functools
 import queue
 import threading
 import time
@@ -111,7 +112,7 @@ def run_demo(config: DemoConfig, progress: Progress | None = None) -> DemoReport
                         agent.start(wait_s=10.0)
                         if name == "collaborative":
                             threshold = agent.calibrate(splits.calibration_images)
-                    results = _stream(agents, images, lambda f, n=name: report(f"stream {n}", f))
+                    results = _stream(agents, images, functools.partial(report, f"stream {name}"))
                 finally:
                     for agent in agents:
                         agent.close()

@@ -44,8 +44,7 @@ class MosquittoProcess:
             "allow_anonymous true\n"
             "set_tcp_nodelay true\n"
             "persistence false\n"
-            "max_queued_messages 100000\n"
-            + extra_config
+            "max_queued_messages 100000\n" + extra_config
         )
         self.process: subprocess.Popen[bytes] | None = None
 

@@ -22,8 +22,10 @@ def wait_for_hub(
         while time.monotonic() < end:
             try:
                 future, _ = uplink.send(
-                    model=model, tensors={"x": np.zeros((1, features), np.float32)},
-                    timeout_ms=1.0, request_id=new_request_id(),
+                    model=model,
+                    tensors={"x": np.zeros((1, features), np.float32)},
+                    timeout_ms=1.0,
+                    request_id=new_request_id(),
                 )
                 future.result(timeout=0.5)
                 return

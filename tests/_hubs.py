@@ -16,15 +16,25 @@ ROOT = Path(__file__).resolve().parents[1]
 class HubProcess:
     def __init__(self, repo: Path, broker_url: str, log: Path, *extra: str) -> None:
         self.command = [
-            sys.executable, "-m", "cloud_hub", "--repo", str(repo), "--broker", broker_url,
-            "--log-level", "warning", *extra,
+            sys.executable,
+            "-m",
+            "cloud_hub",
+            "--repo",
+            str(repo),
+            "--broker",
+            broker_url,
+            "--log-level",
+            "warning",
+            *extra,
         ]
         self.log = log
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> HubProcess:
         with self.log.open("ab") as log:
-            self.process = subprocess.Popen(self.command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                self.command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+            )
         return self
 
     def kill(self) -> None:

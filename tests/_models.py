@@ -21,7 +21,7 @@ def linear_classifier_weights(
 def write_linear_classifier(
     path: Path, in_features: int = 16, classes: int = 4, seed: int = 0, opset: int = 17
 ) -> Path:
-    """Write ``logits = x @ W + b`` as ONNX with a dynamic batch dim; inputs ``x``, outputs ``logits``."""
+    """Write ``logits = x @ W + b`` as ONNX: input ``x`` [batch, in], output ``logits``."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 

@@ -28,8 +28,11 @@ W_CLOUD, B_CLOUD = linear_classifier_weights(seed=1)  # the "bigger" model answe
 
 def cloud_answer(request: Message) -> Message:
     x = request.tensors["x"]
-    return request.reply(tensors={"logits": x @ W_CLOUD + B_CLOUD}, model_version="7",
-                         timing={"queue_ms": 0.5, "compute_ms": 0.25, "hub_ms": 1.0})
+    return request.reply(
+        tensors={"logits": x @ W_CLOUD + B_CLOUD},
+        model_version="7",
+        timing={"queue_ms": 0.5, "compute_ms": 0.25, "hub_ms": 1.0},
+    )
 
 
 def overloaded(request: Message) -> Message:
@@ -44,7 +47,9 @@ def sample(n: int = 1, seed: int = 3) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(n, 16)).astype(np.float32)
 
 
-def make_agent(linear_onnx: Path, broker: str | None, policy: OffloadPolicy, **kw: object) -> EdgeAgent:
+def make_agent(
+    linear_onnx: Path, broker: str | None, policy: OffloadPolicy, **kw: object
+) -> EdgeAgent:
     runtime = load_runtime(linear_onnx, name="linear", version="3")
     return EdgeAgent(runtime, device_id="dev-1", broker=broker, policy=policy, **kw)  # type: ignore[arg-type]
 
@@ -74,10 +79,15 @@ def test_bad_input_is_a_typed_error_naming_the_problem(linear_onnx: Path) -> Non
         assert agent.stats.requests == 0  # rejected calls are not counted as answered
 
 
-def test_cloud_answer_wins_and_reports_where_it_came_from(linear_onnx: Path, mosquitto: MosquittoProcess) -> None:
-    with Responder(mosquitto.url, cloud_answer), make_agent(
-        linear_onnx, mosquitto.url, OffloadPolicy.always_cloud(), cloud_model="linear"
-    ) as agent:
+def test_cloud_answer_wins_and_reports_where_it_came_from(
+    linear_onnx: Path, mosquitto: MosquittoProcess
+) -> None:
+    with (
+        Responder(mosquitto.url, cloud_answer),
+        make_agent(
+            linear_onnx, mosquitto.url, OffloadPolicy.always_cloud(), cloud_model="linear"
+        ) as agent,
+    ):
         x = sample(2)
         result = agent.infer(x, deadline_ms=5000)
     assert result.source is Source.CLOUD, result.reason
@@ -89,9 +99,10 @@ def test_cloud_answer_wins_and_reports_where_it_came_from(linear_onnx: Path, mos
 
 def test_uncertain_requests_go_to_the_cloud(linear_onnx: Path, mosquitto: MosquittoProcess) -> None:
     policy = OffloadPolicy.budget(0.3, score="margin", adapt=False)
-    with Responder(mosquitto.url, cloud_answer) as responder, make_agent(
-        linear_onnx, mosquitto.url, policy
-    ) as agent:
+    with (
+        Responder(mosquitto.url, cloud_answer) as responder,
+        make_agent(linear_onnx, mosquitto.url, policy) as agent,
+    ):
         agent.calibrate(sample(500, seed=11))
         results = [agent.infer(row[None], deadline_ms=5000) for row in sample(200, seed=12)]
     cloud = [r for r in results if r.source is Source.CLOUD]
@@ -107,21 +118,29 @@ def test_overloaded_hub_means_local_fallback_then_open_breaker(
     linear_onnx: Path, mosquitto: MosquittoProcess
 ) -> None:
     breaker = CircuitBreaker(failure_threshold=3, cooldown_s=60.0, max_cooldown_s=60.0)
-    with Responder(mosquitto.url, overloaded) as responder, make_agent(
-        linear_onnx, mosquitto.url, OffloadPolicy.always_cloud(), breaker=breaker
-    ) as agent:
+    with (
+        Responder(mosquitto.url, overloaded) as responder,
+        make_agent(
+            linear_onnx, mosquitto.url, OffloadPolicy.always_cloud(), breaker=breaker
+        ) as agent,
+    ):
         x = sample()
         results = [agent.infer(x, deadline_ms=5000) for _ in range(6)]
-    assert [r.reason for r in results] == ["fallback:overloaded"] * 3 + ["fallback:breaker_open"] * 3
+    assert [r.reason for r in results] == ["fallback:overloaded"] * 3 + [
+        "fallback:breaker_open"
+    ] * 3
     assert all(r.source is Source.EDGE_FALLBACK and r.degraded for r in results)
     np.testing.assert_allclose(results[-1].output, x @ W_EDGE + B_EDGE, rtol=1e-5)
     assert len(responder.requests) == 3  # nothing sent while the breaker is open
 
 
-def test_silent_hub_times_out_into_the_local_answer(linear_onnx: Path, mosquitto: MosquittoProcess) -> None:
-    with Responder(mosquitto.url, silent) as responder, make_agent(
-        linear_onnx, mosquitto.url, OffloadPolicy.always_cloud()
-    ) as agent:
+def test_silent_hub_times_out_into_the_local_answer(
+    linear_onnx: Path, mosquitto: MosquittoProcess
+) -> None:
+    with (
+        Responder(mosquitto.url, silent) as responder,
+        make_agent(linear_onnx, mosquitto.url, OffloadPolicy.always_cloud()) as agent,
+    ):
         result = agent.infer(sample(), deadline_ms=150)
     assert result.source is Source.EDGE_FALLBACK and result.reason == "fallback:timeout"
     assert len(responder.requests) == 1
@@ -139,14 +158,21 @@ def test_unreachable_broker_answers_locally(linear_onnx: Path) -> None:
 
 
 def test_no_local_model_and_no_cloud_is_a_typed_error(mosquitto: MosquittoProcess) -> None:
-    agent = EdgeAgent(None, device_id="dev-2", broker=mosquitto.url, cloud_model="linear", input_name="x")
-    with Responder(mosquitto.url, silent), agent:
-        with pytest.raises(NoAnswerError, match="not on this device"):
-            agent.infer(sample(), deadline_ms=100)
+    agent = EdgeAgent(
+        None, device_id="dev-2", broker=mosquitto.url, cloud_model="linear", input_name="x"
+    )
+    with (
+        Responder(mosquitto.url, silent),
+        agent,
+        pytest.raises(NoAnswerError, match="not on this device"),
+    ):
+        agent.infer(sample(), deadline_ms=100)
 
 
 def test_no_local_model_uses_the_cloud(mosquitto: MosquittoProcess) -> None:
-    agent = EdgeAgent(None, device_id="dev-3", broker=mosquitto.url, cloud_model="linear", input_name="x")
+    agent = EdgeAgent(
+        None, device_id="dev-3", broker=mosquitto.url, cloud_model="linear", input_name="x"
+    )
     with Responder(mosquitto.url, cloud_answer), agent:
         result = agent.infer(sample(), deadline_ms=5000)
     assert result.source is Source.CLOUD and result.reason == "no_local_model"
@@ -158,7 +184,10 @@ def test_async_twin_gives_the_same_answers(linear_onnx: Path, mosquitto: Mosquit
     async def main() -> list[Source]:
         runtime = load_runtime(linear_onnx, name="linear", version="3")
         async with AsyncEdgeAgent(
-            runtime, device_id="dev-async", broker=mosquitto.url, policy=OffloadPolicy.always_cloud()
+            runtime,
+            device_id="dev-async",
+            broker=mosquitto.url,
+            policy=OffloadPolicy.always_cloud(),
         ) as agent:
             results = await asyncio.gather(*(agent.infer(x, deadline_ms=5000) for _ in range(8)))
         for r in results:
@@ -173,7 +202,10 @@ def test_async_twin_falls_back_on_silence(linear_onnx: Path, mosquitto: Mosquitt
     async def main() -> str:
         runtime = load_runtime(linear_onnx, name="linear", version="3")
         async with AsyncEdgeAgent(
-            runtime, device_id="dev-async2", broker=mosquitto.url, policy=OffloadPolicy.always_cloud()
+            runtime,
+            device_id="dev-async2",
+            broker=mosquitto.url,
+            policy=OffloadPolicy.always_cloud(),
         ) as agent:
             return (await agent.infer(sample(), deadline_ms=100)).reason
 

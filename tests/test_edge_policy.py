@@ -61,7 +61,9 @@ def test_online_adaptation_holds_the_budget_under_drift() -> None:
     adaptive_routes = [check.decide(check.scores(r[None])).route for r in drifted]
     fixed_routes = [fixed.decide(fixed.scores(r[None])).route for r in drifted]
     tail = adaptive_routes[1000:]
-    assert fixed_routes.count(Route.CLOUD) / len(fixed_routes) > 0.6  # a fixed threshold blows the budget
+    assert (
+        fixed_routes.count(Route.CLOUD) / len(fixed_routes) > 0.6
+    )  # a fixed threshold blows the budget
     assert abs(tail.count(Route.CLOUD) / len(tail) - 0.2) < 0.04
 
 
@@ -106,9 +108,10 @@ def test_heavy_check_by_size_and_by_latency() -> None:
     slow_net = NetworkEstimator(prior_rtt_ms=500.0)
     assert check.check(RequestFacts(payload_bytes=100, deadline_ms=20.0), local, slow_net) is None
     # Queue depth scales the local prediction.
-    assert check.check(
-        RequestFacts(payload_bytes=100, deadline_ms=100.0, queue_depth=3), local, net
-    ) is not None
+    assert (
+        check.check(RequestFacts(payload_bytes=100, deadline_ms=100.0, queue_depth=3), local, net)
+        is not None
+    )
 
 
 def test_estimators_learn_from_samples() -> None:

@@ -33,10 +33,18 @@ def rows(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(n, 16)).astype(np.float32)
 
 
-def agent_for(linear_onnx: Path, settings: MqttSettings | str, device: str, topics: Topics, **kw: object) -> EdgeAgent:
+def agent_for(
+    linear_onnx: Path, settings: MqttSettings | str, device: str, topics: Topics, **kw: object
+) -> EdgeAgent:
     runtime = load_runtime(linear_onnx, name="linear", version="e1")
-    return EdgeAgent(runtime, device_id=device, broker=settings, topics=topics,
-                     policy=OffloadPolicy.always_cloud(), **kw)  # type: ignore[arg-type]
+    return EdgeAgent(
+        runtime,
+        device_id=device,
+        broker=settings,
+        topics=topics,
+        policy=OffloadPolicy.always_cloud(),
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def test_agents_get_the_hubs_answers_through_mosquitto(
@@ -77,9 +85,10 @@ def test_agents_and_hub_work_over_the_embedded_broker(linear_onnx: Path, tmp_pat
     with EmbeddedBroker() as broker:
         settings = MqttSettings.from_url(broker.url, protocol="3.1.1")
         # amqtt has no shared subscriptions: the hub subscribes plainly.
-        with Hub(repo, mqtt=settings, topics=topics, share_group=None), agent_for(
-            linear_onnx, settings, "amqtt-dev", topics
-        ) as agent:
+        with (
+            Hub(repo, mqtt=settings, topics=topics, share_group=None),
+            agent_for(linear_onnx, settings, "amqtt-dev", topics) as agent,
+        ):
             x = rows(5, seed=2)
             results = [agent.infer(x[i : i + 1], deadline_ms=5000) for i in range(len(x))]
     assert [r.source for r in results] == [Source.CLOUD] * len(x)
@@ -95,7 +104,9 @@ def test_hub_killed_mid_batch_requests_fall_back_and_a_restarted_hub_serves(
     topics = Topics("e2e/kill")
     # A long batching window keeps requests queued inside the hub when it dies.
     repo = write_repo(tmp_path / "repo", max_batch_size=64, max_queue_delay_ms=5000.0)
-    hub = HubProcess(repo, mosquitto.url, tmp_path / "hub.log", "--prefix", topics.prefix, "--no-share")
+    hub = HubProcess(
+        repo, mosquitto.url, tmp_path / "hub.log", "--prefix", topics.prefix, "--no-share"
+    )
     settings = MqttSettings.from_url(mosquitto.url)
     breaker = CircuitBreaker(failure_threshold=50, cooldown_s=0.2, max_cooldown_s=0.5)
     agent = agent_for(linear_onnx, settings, "kill-dev", topics, breaker=breaker)

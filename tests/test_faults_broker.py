@@ -48,7 +48,9 @@ def test_broker_stop_mid_stream_falls_back_then_offloads_again(
     assert len(during) == 40
     assert {r.source for r in during} == {Source.EDGE_FALLBACK}
     assert {r.reason for r in during} <= {
-        "fallback:broker_unavailable", "fallback:breaker_open", "fallback:timeout",
+        "fallback:broker_unavailable",
+        "fallback:breaker_open",
+        "fallback:timeout",
     }
     for r in during:
         np.testing.assert_allclose(r.output, local, rtol=1e-5)

@@ -13,8 +13,10 @@ def _frame(header: str) -> bytes:
 
 
 def test_huge_integer_timeout_does_not_escape_as_overflow() -> None:
-    header = '{"kind":"request","id":"r1","model":"m","reply_to":"tandem/v1/dev/d/reply",' \
+    header = (
+        '{"kind":"request","id":"r1","model":"m","reply_to":"tandem/v1/dev/d/reply",'
         '"timeout_ms":' + "9" * 400 + ',"tensors":[{"name":"x"}]}'
+    )
     target = salvage_target(
         _frame(header), limits=Limits(), topics=Topics(), topic_model="m", received=10.0
     )
@@ -23,8 +25,16 @@ def test_huge_integer_timeout_does_not_escape_as_overflow() -> None:
 
 
 def test_usable_timeout_sets_the_deadline_from_receipt() -> None:
-    header = json.dumps({"kind": "request", "id": "r2", "model": "m",
-                         "reply_to": "tandem/v1/dev/d/reply", "timeout_ms": 250, "tensors": 5})
+    header = json.dumps(
+        {
+            "kind": "request",
+            "id": "r2",
+            "model": "m",
+            "reply_to": "tandem/v1/dev/d/reply",
+            "timeout_ms": 250,
+            "tensors": 5,
+        }
+    )
     target = salvage_target(
         _frame(header), limits=Limits(), topics=Topics(), topic_model="m", received=10.0
     )
