@@ -16,7 +16,9 @@ from edge_agent import SCORES, to_probabilities
 __all__ = ["accuracy_curve", "sweep"]
 
 
-def accuracy_curve(order: np.ndarray, edge_right: np.ndarray, cloud_right: np.ndarray) -> np.ndarray:
+def accuracy_curve(
+    order: np.ndarray, edge_right: np.ndarray, cloud_right: np.ndarray
+) -> np.ndarray:
     """Accuracy after offloading the first k samples of ``order``, for k = 0..n."""
     gain = (cloud_right.astype(int) - edge_right.astype(int))[order]
     return (edge_right.sum() + np.concatenate([[0], np.cumsum(gain)])) / len(edge_right)
