@@ -12,8 +12,10 @@ A request passes two checks:
    quantile of scores on a calibration set, so that share of requests scores
    above it. With ``adapt=True`` the quantile is re-taken over a sliding
    window of recent scores, so the realized rate follows the budget when the
-   input distribution drifts; requests offloaded as heavy are charged to the
-   same budget.
+   input distribution drifts, and the realized share over that window is fed
+   back (the quantile is aimed at budget + (budget - realized)), so a
+   calibration set that is harder or easier than live traffic still ends at
+   the budget; requests offloaded as heavy are charged to the same budget.
 
 Invariants: ``OffloadPolicy.before`` never runs the model; ``after`` only
 reads its outputs; a decision always carries a reason; with a budget b the
@@ -131,6 +133,7 @@ class UncertainCheck:
         self._threshold = threshold if threshold is not None else float("inf")
         self._calibrated = threshold is not None
         self._window: deque[float] = deque(maxlen=window)
+        self._outcomes: deque[bool] = deque(maxlen=window)  # recent offload decisions
         self._since_refresh = 0
         self._lock = threading.Lock()
         self._effective_budget = budget
@@ -173,6 +176,7 @@ class UncertainCheck:
         with self._lock:
             self._window.clear()
             self._window.extend(scores[-(self._window.maxlen or 1) :].tolist())
+            self._outcomes.clear()
             self._threshold = _quantile_threshold(scores, self.budget)
             self._calibrated = True
         return self._threshold
@@ -184,21 +188,28 @@ class UncertainCheck:
     def decide(self, row_scores: np.ndarray) -> Decision:
         """Offload if any row of the request is above the threshold."""
         score = float(row_scores.max()) if row_scores.size else 0.0
+        offload = score > self._threshold
         if self.adapt:
-            self._observe(score)
-        if score > self._threshold:
+            self._observe(score, offload)
+        if offload:
             return Decision(Route.CLOUD, "uncertain", score)
         return Decision(Route.LOCAL, "confident", score)
 
-    def _observe(self, score: float) -> None:
+    def _observe(self, score: float, offloaded: bool) -> None:
         with self._lock:
             self._window.append(score)
+            self._outcomes.append(offloaded)
             self._since_refresh += 1
             if self._since_refresh < self.refresh_every or len(self._window) < 10:
                 return
             self._since_refresh = 0
-            budget = self._effective_budget if self._effective_budget is not None else 0.0
-            self._threshold = _quantile_threshold(np.fromiter(self._window, float), budget)
+            target = self._effective_budget if self._effective_budget is not None else 0.0
+            # Feed the realized share back: when the window's scores misjudge the stream
+            # (a calibration set harder or easier than live traffic), aiming the quantile
+            # off the budget by the error brings the realized rate back to the budget.
+            realized = sum(self._outcomes) / len(self._outcomes)
+            level = min(max(target + (target - realized), 0.0), 1.0) if target > 0 else 0.0
+            self._threshold = _quantile_threshold(np.fromiter(self._window, float), level)
             self._calibrated = True
 
 

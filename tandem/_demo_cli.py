@@ -101,7 +101,7 @@ def demo(
         "fallbacks",
         "missed deadline",
     ):
-        table.add_column(column, justify="left" if column == "mode" else "right")
+        table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
     for m in report.modes:
         table.add_row(
             m.name,

@@ -137,3 +137,16 @@ def test_policy_modes() -> None:
     no_model = RequestFacts(payload_bytes=10, deadline_ms=100.0, local_model=False)
     decision = OffloadPolicy.always_local().before(no_model, local, net)
     assert (decision.route, decision.reason) == (Route.CLOUD, "no_local_model")
+
+
+def test_realized_rate_feedback_corrects_a_biased_calibration_set() -> None:
+    rng = np.random.default_rng(2)
+    check = UncertainCheck("margin", budget=0.2, window=1000, refresh_every=16)
+    check.calibrate(_logits(rng, 1000, rng.uniform(0.5, 2.0, 1000)))  # harder than live traffic
+    stream = _logits(rng, 1200, rng.uniform(0.8, 3.0, 1200))
+    static = UncertainCheck("margin", threshold=check.threshold)
+    adaptive = [check.decide(check.scores(r[None])).route for r in stream]
+    fixed = [static.decide(static.scores(r[None])).route for r in stream]
+    assert fixed.count(Route.CLOUD) / len(fixed) < 0.15  # the stale threshold under-offloads
+    tail = adaptive[600:]  # the window still holds mostly calibration scores here
+    assert abs(tail.count(Route.CLOUD) / len(tail) - 0.2) < 0.04
