@@ -11,8 +11,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 
 help:
 	@echo "make demo   - install and run the collaborative-inference demo on real MNIST digits"
-	@echo "make test   - install dev dependencies, make sure an MQTT broker runs, run the suite"
-	@echo "make check  - ruff, mypy and the tests (scripts/check), as CI runs them"
+	@echo "make test   - install dev deps, make sure an MQTT broker runs, run ruff, mypy and the suite"
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
@@ -35,11 +34,11 @@ demo: $(VENV)/.demo-installed
 broker:
 	@bash scripts/ensure-broker
 
+# The whole check, as CI runs it: ruff, mypy, then pytest (PYTEST_ARGS go to pytest).
 test: $(VENV)/.dev-installed broker
-	$(BIN)/pytest $(PYTEST_ARGS)
+	VENV=$(VENV) bash scripts/check $(PYTEST_ARGS)
 
-check: $(VENV)/.dev-installed broker
-	bash scripts/check
+check: test
 
 bench: $(VENV)/.dev-installed broker
 	$(PY) -m bench

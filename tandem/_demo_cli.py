@@ -99,7 +99,7 @@ def demo(
         "p50 ms",
         "p99 ms",
         "fallbacks",
-        "missed deadline",
+        "late",
     ):
         table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
     for m in report.modes:
