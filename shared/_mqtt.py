@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import threading
 import uuid
 from dataclasses import dataclass, replace
@@ -129,11 +130,7 @@ def create_client(
     if settings.username is not None:
         client.username_pw_set(settings.username, settings.password)
     if settings.tls is not None:
-        client.tls_set(
-            ca_certs=settings.tls.ca_certs,
-            certfile=settings.tls.certfile,
-            keyfile=settings.tls.keyfile,
-        )
+        client.tls_set_context(_tls_context(settings.tls))
         client.tls_insecure_set(settings.tls.insecure)
     client.reconnect_delay_set(
         min_delay=max(1, round(settings.reconnect_min_delay_s)),
@@ -144,6 +141,35 @@ def create_client(
     return client
 
 
+class _ClosingSSLSocket(ssl.SSLSocket):
+    """An SSLSocket that closes itself when its handshake fails.
+
+    paho-mqtt 2.x (``Client._ssl_wrap_socket``) drops the socket without closing
+    it when ``do_handshake()`` raises (untrusted CA, wrong host, plain-text
+    port), leaving the descriptor to the garbage collector on every retry.
+    """
+
+    def do_handshake(self, block: bool = False) -> None:
+        try:
+            super().do_handshake(block)
+        except BaseException:
+            self.close()
+            raise
+
+
+def _tls_context(tls: TlsSettings) -> ssl.SSLContext:
+    """What ``Client.tls_set`` builds (TLS client, CERT_REQUIRED, hostname check)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if tls.certfile is not None:
+        context.load_cert_chain(tls.certfile, tls.keyfile)
+    if tls.ca_certs is not None:
+        context.load_verify_locations(tls.ca_certs)
+    else:
+        context.load_default_certs()
+    context.sslsocket_class = _ClosingSSLSocket
+    return context
+
+
 def _set_nodelay(_client: Any, _userdata: Any, sock: Any) -> None:
     with contextlib.suppress(OSError, AttributeError):  # unix sockets: nothing to set
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -152,9 +178,12 @@ def _set_nodelay(_client: Any, _userdata: Any, sock: Any) -> None:
 def resolve_protocol(settings: MqttSettings) -> Literal["5", "3.1.1"]:
     """``settings.protocol``, or for ``"auto"`` whether the broker accepts MQTT 5.
 
-    Probes with a short-lived MQTT 5 connection; a broker that refuses it or
-    drops it gets 3.1.1, which every broker speaks. An unreachable broker
-    also yields 3.1.1, the safe choice.
+    Probes with a short-lived MQTT 5 connection. A broker that answers in
+    MQTT 5 speaks it, even when it refuses us (bad credentials, not
+    authorized: MQTT 5 reason codes are 0x80 and up); one that answers
+    "unsupported protocol version" (0x84), answers in 3.1.1 terms, or drops
+    the connection gets 3.1.1, which every broker speaks. An unreachable
+    broker also yields 3.1.1, the safe choice.
     """
     if settings.protocol != "auto":
         return settings.protocol
@@ -165,7 +194,8 @@ def resolve_protocol(settings: MqttSettings) -> Literal["5", "3.1.1"]:
     result: dict[str, bool] = {}
 
     def on_connect(_c: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
-        result["ok"] = not reason.is_failure
+        value = getattr(reason, "value", 0)
+        result["ok"] = not reason.is_failure or (value >= 0x80 and value != 0x84)
         answered.set()
 
     def on_disconnect(*_args: Any) -> None:

@@ -1,14 +1,31 @@
-"""Real MQTT brokers for tests: a Mosquitto of our own on a free port."""
+"""Real MQTT brokers for tests: a Mosquitto of our own on a free port.
+
+A broker may also require credentials (``password_file``, see
+``write_password_file``) and speak TLS only (``tls``: a ``BrokerTls`` of PEM
+paths); its ``url`` then reads ``mqtts://``.
+"""
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import os
 import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MosquittoProcess", "free_port", "wait_for_port"]
+__all__ = [
+    "BrokerTls",
+    "MosquittoProcess",
+    "free_port",
+    "mosquitto_password_hash",
+    "wait_for_port",
+    "write_password_file",
+]
 
 
 def free_port() -> int:
@@ -28,21 +45,93 @@ def wait_for_port(port: int, timeout_s: float = 10.0) -> None:
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s}s")
 
 
-class MosquittoProcess:
-    """A mosquitto started from its own config on a free port; stopped by its PID."""
+def mosquitto_password_hash(
+    password: str, *, salt: bytes | None = None, iterations: int = 101
+) -> str:
+    """A Mosquitto 2 password hash: ``$7$<iterations>$<b64 salt>$<b64 PBKDF2-SHA512>``."""
+    salt = os.urandom(12) if salt is None else salt
+    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations, dklen=64)
+    b64 = base64.b64encode
+    return f"$7${iterations}${b64(salt).decode()}${b64(digest).decode()}"
 
-    def __init__(self, workdir: Path, *, port: int | None = None, extra_config: str = "") -> None:
+
+def write_password_file(
+    path: Path, users: Mapping[str, str], *, use_mosquitto_passwd: bool = True
+) -> Path:
+    """Write a Mosquitto password file for ``users`` (name -> password).
+
+    Uses ``mosquitto_passwd -b`` when it is installed (and wanted), else hashes in
+    Python with the same PBKDF2-SHA512 ``$7$`` format Mosquitto 2 reads.
+    """
+    if not users:
+        raise ValueError("a password file needs at least one user")
+    tool = shutil.which("mosquitto_passwd") if use_mosquitto_passwd else None
+    path.unlink(missing_ok=True)
+    if tool is not None:
+        for i, (user, password) in enumerate(users.items()):
+            flags = ["-b", "-c"] if i == 0 else ["-b"]
+            subprocess.run(
+                [tool, *flags, str(path), user, password],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
+    else:
+        path.write_text(
+            "".join(f"{user}:{mosquitto_password_hash(pw)}\n" for user, pw in users.items())
+        )
+    path.chmod(0o600)  # newer Mosquittos warn about (and will refuse) readable files
+    return path
+
+
+@dataclass(frozen=True)
+class BrokerTls:
+    """PEM files for a TLS listener: the CA the broker trusts, its certificate and key."""
+
+    cafile: Path
+    certfile: Path
+    keyfile: Path
+
+
+class MosquittoProcess:
+    """A mosquitto started from its own config on a free port; stopped by its PID.
+
+    By default it listens in plain MQTT and lets anyone in. ``password_file``
+    turns anonymous access off and checks credentials against that file;
+    ``tls`` makes the one listener a TLS listener. ``extra_config`` is appended.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        port: int | None = None,
+        extra_config: str = "",
+        password_file: Path | None = None,
+        tls: BrokerTls | None = None,
+    ) -> None:
         exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         if not Path(exe).exists():
             raise RuntimeError("mosquitto is not installed (make test installs it)")
         self.exe = exe
         self.port = port or free_port()
         self.workdir = workdir
+        self.tls = tls
+        self.password_file = password_file
         self.config = workdir / f"mosquitto-{self.port}.conf"
+        listener = f"listener {self.port} 127.0.0.1\n"
+        if tls is not None:
+            listener += f"cafile {tls.cafile}\ncertfile {tls.certfile}\nkeyfile {tls.keyfile}\n"
+        if password_file is not None:
+            auth = f"allow_anonymous false\npassword_file {password_file}\n"
+        else:
+            auth = "allow_anonymous true\n"
+        if (tls is not None or password_file is not None) and os.geteuid() == 0:
+            # Run as root, Mosquitto drops to the "mosquitto" user before it reads
+            # the password file, which then cannot see into pytest's 0700 tmp dirs.
+            auth += "user root\n"
         self.config.write_text(
-            f"listener {self.port} 127.0.0.1\n"
-            "allow_anonymous true\n"
-            "set_tcp_nodelay true\n"
+            listener + auth + "set_tcp_nodelay true\n"
             "persistence false\n"
             "max_queued_messages 100000\n" + extra_config
         )
@@ -50,15 +139,28 @@ class MosquittoProcess:
 
     @property
     def url(self) -> str:
-        return f"mqtt://127.0.0.1:{self.port}"
+        scheme = "mqtts" if self.tls is not None else "mqtt"
+        return f"{scheme}://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"mosquitto-{self.port}.log"
 
     def start(self) -> MosquittoProcess:
-        log = (self.workdir / f"mosquitto-{self.port}.log").open("ab")
+        log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [self.exe, "-c", str(self.config)], stdout=log, stderr=subprocess.STDOUT
         )
         log.close()
-        wait_for_port(self.port)
+        try:
+            wait_for_port(self.port)
+        except TimeoutError as e:
+            if self.process.poll() is None:
+                raise
+            # It exited (a bad config, an unreadable file): say why, from its log.
+            self.process = None
+            tail = self.log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"mosquitto exited at start:\n{tail}") from e
         return self
 
     def stop(self) -> None:

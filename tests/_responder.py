@@ -21,13 +21,19 @@ Handler = Callable[[Message], Message | None]
 
 
 class Responder:
-    def __init__(self, broker_url: str, handler: Handler, topics: Topics | None = None) -> None:
+    def __init__(
+        self, broker: str | MqttSettings, handler: Handler, topics: Topics | None = None
+    ) -> None:
+        """``broker``: a URL, or full ``MqttSettings`` (credentials, TLS)."""
         self.topics = topics or Topics()
         self.handler = handler
         self.requests: list[Message] = []
-        self._settings = MqttSettings.from_url(broker_url)
+        self._settings = (
+            broker if isinstance(broker, MqttSettings) else MqttSettings.from_url(broker)
+        )
         self._client: Any = None
         self._ready = threading.Event()
+        self._refused: Any = None
 
     def start(self) -> Responder:
         client = create_client(self._settings, f"responder-{id(self):x}", protocol="5")
@@ -37,7 +43,11 @@ class Responder:
         client.loop_start()
         self._client = client
         if not self._ready.wait(10):
+            self.stop()
             raise TimeoutError("responder did not subscribe")
+        if self._refused is not None:
+            self.stop()
+            raise ConnectionRefusedError(f"broker refused the responder: {self._refused}")
         return self
 
     def stop(self) -> None:
@@ -52,8 +62,11 @@ class Responder:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _on_connect(self, client: Any, _u: Any, _f: Any, _reason: Any, _p: Any) -> None:
-        client.subscribe(self.topics.infer_filter(), qos=1)
+    def _on_connect(self, client: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
+        if reason.is_failure:  # bad credentials, not authorised: fail start() at once
+            self._refused = reason
+        else:
+            client.subscribe(self.topics.infer_filter(), qos=1)
         self._ready.set()
 
     def _on_message(self, client: Any, _u: Any, msg: mqtt.MQTTMessage) -> None:
