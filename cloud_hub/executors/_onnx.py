@@ -66,6 +66,9 @@ class OnnxExecutor(Executor):
         options.log_severity_level = 3  # errors only: ORT's warnings go to stderr, not logging
         if intra_op_threads is not None:
             options.intra_op_num_threads = intra_op_threads
+        # ORT's pool threads spin between runs by default. The hub's MQTT and batching
+        # threads share these cores; spinning workers starved them (p50 x4 on 2 cores).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.path = Path(path)
         try:
             self._session = ort.InferenceSession(
