@@ -7,8 +7,11 @@ Exception tree::
         ├── FrameError               truncated, garbage or inconsistent frame
         ├── UnsupportedVersionError  a major version this build does not speak
         ├── LimitExceededError       a declared or actual size above a configured limit
-        └── TensorError              a tensor that cannot be encoded or decoded
-                                     (unknown datatype, shape/size mismatch)
+        ├── TensorError              a tensor that cannot be encoded or decoded
+        │                            (unknown datatype, shape/size mismatch)
+        └── ManifestError            a model manifest or signed document that is invalid
+            ├── SignatureError       unsigned, signed by an untrusted key, or tampered
+            └── ExpiredError         past its expiry (a freeze attack, or just stale)
     ConfigError (TandemError, ValueError)   a setting that cannot work (bad URL, bad option)
 
 ``ErrorCode`` is what a hub puts in a reply header so that a device can react
@@ -23,9 +26,12 @@ import enum
 __all__ = [
     "ConfigError",
     "ErrorCode",
+    "ExpiredError",
     "FrameError",
     "LimitExceededError",
+    "ManifestError",
     "ProtocolError",
+    "SignatureError",
     "TandemError",
     "TensorError",
     "UnsupportedVersionError",
@@ -54,6 +60,18 @@ class LimitExceededError(ProtocolError):
 
 class TensorError(ProtocolError):
     """A tensor that cannot be encoded or decoded as described."""
+
+
+class ManifestError(ProtocolError):
+    """A model manifest or another signed document that is not valid."""
+
+
+class SignatureError(ManifestError):
+    """Unsigned, signed by a key that is not trusted, or altered after signing."""
+
+
+class ExpiredError(ManifestError):
+    """A signed document past its expiry time."""
 
 
 class ConfigError(TandemError, ValueError):
