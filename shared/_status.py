@@ -74,13 +74,14 @@ class UpdateStatus:
         if not isinstance(d, dict) or d.get("type") != "update-status":
             raise ManifestError("a status report is an object with type 'update-status'")
         device, model, version = d.get("device"), d.get("model"), d.get("version")
-        for what, value in (("device", device), ("model", model)):
-            if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
-                raise ManifestError(f"status report: bad {what} {value!r:.60}")
+        if not isinstance(device, str) or not NAME_PATTERN.fullmatch(device):
+            raise ManifestError(f"status report: bad device {device!r:.60}")
+        if not isinstance(model, str) or not NAME_PATTERN.fullmatch(model):
+            raise ManifestError(f"status report: bad model {model!r:.60}")
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise ManifestError(f"status report: bad version {version!r:.40}")
         try:
-            state = UpdateState(d.get("state"))
+            state = UpdateState(str(d.get("state")))
         except ValueError as e:
             raise ManifestError(f"status report: unknown state {d.get('state')!r:.40}") from e
         running = d.get("running_version")
@@ -102,7 +103,7 @@ class UpdateStatus:
             device=device,
             model=model,
             version=version,
-            state=state,  # type: ignore[arg-type]
+            state=state,
             at=str(d.get("at", "")),
             reason=str(d.get("reason", ""))[:500],
             running_version=running,
