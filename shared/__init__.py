@@ -4,6 +4,7 @@ Pure and small: numpy and the standard library (zstandard on demand,
 paho-mqtt only inside the MQTT helpers).
 """
 
+from ._blobs import apply_delta, compress_blob, decompress_blob, digest, make_delta
 from ._envelope import (
     FORMAT_MAJOR,
     FORMAT_MINOR,
@@ -89,17 +90,22 @@ __all__ = [
     "UnsupportedVersionError",
     "UpdateState",
     "UpdateStatus",
+    "apply_delta",
     "canonical_json",
+    "compress_blob",
     "create_client",
     "datatype_of",
     "decode_header",
     "decode_message",
     "decode_sample",
     "decode_tensors",
+    "decompress_blob",
+    "digest",
     "encode_message",
     "encode_sample",
     "encode_tensors",
     "format_time",
+    "make_delta",
     "new_request_id",
     "numpy_dtype",
     "parse_time",
