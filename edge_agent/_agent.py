@@ -68,6 +68,7 @@ class _Call:
     deadline_ms: float
     started: float
     payload_bytes: int
+    runtime: ModelRuntime | None  # read once: a model swap mid-call does not affect it
     local_outputs: dict[str, np.ndarray] | None = None
     local_ms: float = 0.0
     score: float | None = None
@@ -135,9 +136,10 @@ class BaseAgent:
         self, inputs: Mapping[str, np.ndarray] | np.ndarray, deadline_ms: float | None
     ) -> _Call:
         started = time.perf_counter()
-        named = self._name_inputs(inputs)
-        if self.runtime is not None:
-            named = self.runtime.validate(named)
+        runtime = self.runtime
+        named = self._name_inputs(inputs, runtime)
+        if runtime is not None:
+            named = runtime.validate(named)
         deadline = self.default_deadline_ms if deadline_ms is None else float(deadline_ms)
         if not deadline > 0:
             raise InvalidInputError(f"deadline_ms must be positive, got {deadline_ms!r}")
@@ -147,9 +149,12 @@ class BaseAgent:
             deadline_ms=deadline,
             started=started,
             payload_bytes=sum(a.nbytes for a in named.values()),
+            runtime=runtime,
         )
 
-    def _name_inputs(self, inputs: Mapping[str, np.ndarray] | np.ndarray) -> dict[str, np.ndarray]:
+    def _name_inputs(
+        self, inputs: Mapping[str, np.ndarray] | np.ndarray, runtime: ModelRuntime | None
+    ) -> dict[str, np.ndarray]:
         if isinstance(inputs, Mapping):
             return dict(inputs)
         if not isinstance(inputs, np.ndarray):
@@ -157,11 +162,11 @@ class BaseAgent:
                 "inputs must be a numpy array or a mapping of name to array, "
                 f"got {type(inputs).__name__}"
             )
-        if self.runtime is not None:
-            specs = self.runtime.inputs
+        if runtime is not None:
+            specs = runtime.inputs
             if len(specs) != 1:
                 raise InvalidInputError(
-                    f"model {self.runtime.name!r} has {len(specs)} inputs; pass a mapping of "
+                    f"model {runtime.name!r} has {len(specs)} inputs; pass a mapping of "
                     f"name to array ({', '.join(s.name for s in specs)})"
                 )
             return {specs[0].name: inputs}
@@ -173,7 +178,7 @@ class BaseAgent:
         facts = RequestFacts(
             payload_bytes=call.payload_bytes,
             deadline_ms=call.deadline_ms,
-            local_model=self.runtime is not None,
+            local_model=call.runtime is not None,
             queue_depth=self._local_inflight,
         )
         return self.policy.before(facts, self.local_estimator, self.network_estimator)
@@ -257,7 +262,7 @@ class BaseAgent:
             queue_ms=queue_ms,
             cloud_compute_ms=compute_ms,
         )
-        versions = self._versions()
+        versions = self._versions(call)
         versions["cloud"] = f"{reply.model}@{reply.model_version or '?'}"
         return self._finish(call, reply.tensors, Source.CLOUD, reason, latency, versions)
 
@@ -297,28 +302,41 @@ class BaseAgent:
             request_id=call.request_id,
             reason=reason,
             latency=latency,
-            model_versions=versions if versions is not None else self._versions(),
+            model_versions=versions if versions is not None else self._versions(call),
             score=call.score,
             deadline_met=met,
         )
 
-    def _versions(self) -> dict[str, str]:
-        if self.runtime is None:
+    @staticmethod
+    def _versions(call: _Call) -> dict[str, str]:
+        if call.runtime is None:
             return {}
-        return {"edge": f"{self.runtime.name}@{self.runtime.version}"}
+        return {"edge": f"{call.runtime.name}@{call.runtime.version}"}
+
+    def swap_model(self, runtime: ModelRuntime) -> ModelRuntime | None:
+        """Serve ``runtime`` from the next call on; returns the one it replaces.
+
+        Calls already running finish on the model they started with, so no
+        request sees a half-loaded model and none is dropped. The old runtime
+        is not closed here: the caller closes it (or lets it go) once its
+        in-flight calls are done.
+        """
+        old, self.runtime = self.runtime, runtime
+        return old
 
     def calibrate(
         self, samples: np.ndarray | Mapping[str, np.ndarray], *, batch_size: int = 256
     ) -> float:
         """Run the local model on held-out samples and calibrate the policy's threshold."""
-        if self.runtime is None:
+        runtime = self.runtime
+        if runtime is None:
             raise ValueError("calibration needs a local model")
-        named = self._name_inputs(samples)
+        named = self._name_inputs(samples, runtime)
         n = next(iter(named.values())).shape[0]
         outputs = []
         for start in range(0, n, batch_size):
             chunk = {k: v[start : start + batch_size] for k, v in named.items()}
-            outputs.append(self.runtime.run(chunk))
+            outputs.append(runtime.run(chunk))
         return self.policy.calibrate(_per_row(outputs))
 
 
@@ -375,17 +393,17 @@ class EdgeAgent(BaseAgent):
                     return answered
                 why_not = answered
         if call.local_outputs is None:
-            if self.runtime is None:
+            if call.runtime is None:
                 raise self._no_answer(why_not)
             self._run_local(call)
         return self._fallback_result(call, why_not)
 
     def _run_local(self, call: _Call) -> None:
-        assert self.runtime is not None
+        assert call.runtime is not None
         self._local_inflight += 1
         t0 = time.perf_counter()
         try:
-            outputs = self.runtime.run(call.inputs)
+            outputs = call.runtime.run(call.inputs)
         finally:
             self._local_inflight -= 1
         self._local_done(call, outputs, (time.perf_counter() - t0) * 1000.0)
@@ -434,14 +452,14 @@ class AsyncEdgeAgent(BaseAgent):
                     return answered
                 why_not = answered
         if call.local_outputs is None:
-            if self.runtime is None:
+            if call.runtime is None:
                 raise self._no_answer(why_not)
             await self._run_local(call)
         return self._fallback_result(call, why_not)
 
     async def _run_local(self, call: _Call) -> None:
-        assert self.runtime is not None
-        runtime = self.runtime
+        runtime = call.runtime
+        assert runtime is not None
         self._local_inflight += 1
         t0 = time.perf_counter()
         try:
