@@ -17,12 +17,19 @@ Never imports torch, fastapi or the hub/CDN packages: a device installs ``tandem
 from ._agent import AgentStats, AsyncEdgeAgent, BaseAgent, EdgeAgent
 from ._breaker import BreakerState, CircuitBreaker
 from ._errors import (
+    DowngradeError,
+    DownloadError,
     EdgeError,
     InferenceError,
+    IntegrityError,
     InvalidInputError,
     ModelLoadError,
     NoAnswerError,
     RuntimeUnavailableError,
+    SmokeTestError,
+    StoreError,
+    UntrustedUpdateError,
+    UpdateError,
     UplinkError,
 )
 from ._estimator import Ewma, LatencyEstimator, NetworkEstimator
@@ -31,6 +38,7 @@ from ._result import InferenceResult, LatencyBreakdown, Source
 from ._scores import SCORES, entropy, margin, max_probability, to_probabilities
 from ._uplink import MqttUplink, UplinkStats
 from .runtimes import ModelRuntime, TensorSpec, load_runtime
+from .updater import DeviceModelStore, DownloadSettings, ModelUpdater, UpdaterStats
 
 __all__ = [
     "SCORES",
@@ -40,17 +48,23 @@ __all__ = [
     "BreakerState",
     "CircuitBreaker",
     "Decision",
+    "DeviceModelStore",
+    "DowngradeError",
+    "DownloadError",
+    "DownloadSettings",
     "EdgeAgent",
     "EdgeError",
     "Ewma",
     "HeavyCheck",
     "InferenceError",
     "InferenceResult",
+    "IntegrityError",
     "InvalidInputError",
     "LatencyBreakdown",
     "LatencyEstimator",
     "ModelLoadError",
     "ModelRuntime",
+    "ModelUpdater",
     "MqttUplink",
     "NetworkEstimator",
     "NoAnswerError",
@@ -58,9 +72,14 @@ __all__ = [
     "RequestFacts",
     "Route",
     "RuntimeUnavailableError",
+    "SmokeTestError",
     "Source",
+    "StoreError",
     "TensorSpec",
     "UncertainCheck",
+    "UntrustedUpdateError",
+    "UpdateError",
+    "UpdaterStats",
     "UplinkError",
     "UplinkStats",
     "entropy",

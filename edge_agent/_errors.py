@@ -10,10 +10,25 @@ Exception tree::
         ├── InferenceError                   the local runtime failed on valid input
         ├── UplinkError                      the MQTT path to the hub failed (caught
         │                                    inside the agent, which falls back)
-        └── NoAnswerError                    neither the device nor the cloud could answer
-                                             (the model is not on the device and the
-                                             cloud failed): the only error ``infer`` raises
-                                             for a valid request
+        ├── NoAnswerError                    neither the device nor the cloud could answer
+        │                                    (the model is not on the device and the
+        │                                    cloud failed): the only error ``infer`` raises
+        │                                    for a valid request
+        └── UpdateError                      a model update was not installed (the old
+            │                                model keeps serving)
+            ├── UntrustedUpdateError         an assignment or manifest refused: unsigned,
+            │   │                            unknown key, tampered, expired, for another
+            │   │                            device, name or version not as assigned
+            │   └── DowngradeError           a lower version without a signed rollback, or
+            │                                an older assignment replayed
+            ├── DownloadError                HTTP failure, timeout, more or fewer bytes than
+            │                                declared, byte budget spent
+            ├── IntegrityError               bytes whose digest or decompressed size is not
+            │                                what the signed manifest says
+            ├── SmokeTestError               the new model does not load, or its smoke-test
+            │                                outputs are off
+            └── StoreError                   the on-device model store cannot be used, or a
+                                             name or digest would escape it
 
 Foreign errors (onnxruntime, tflite, paho) are converted at the boundary with
 ``raise … from e``.
@@ -24,12 +39,19 @@ from __future__ import annotations
 from shared import ErrorCode, TandemError
 
 __all__ = [
+    "DowngradeError",
+    "DownloadError",
     "EdgeError",
     "InferenceError",
+    "IntegrityError",
     "InvalidInputError",
     "ModelLoadError",
     "NoAnswerError",
     "RuntimeUnavailableError",
+    "SmokeTestError",
+    "StoreError",
+    "UntrustedUpdateError",
+    "UpdateError",
     "UplinkError",
 ]
 
@@ -64,3 +86,31 @@ class UplinkError(EdgeError):
 
 class NoAnswerError(EdgeError):
     """Neither the device nor the cloud could answer this request."""
+
+
+class UpdateError(EdgeError):
+    """A model update that was not installed; the device keeps serving its old model."""
+
+
+class UntrustedUpdateError(UpdateError):
+    """An assignment or manifest that the pinned publisher keys and checks refuse."""
+
+
+class DowngradeError(UntrustedUpdateError):
+    """A lower version than the highest accepted without a signed rollback, or a replay."""
+
+
+class DownloadError(UpdateError):
+    """The CDN could not deliver the bytes: HTTP error, timeout, wrong length, budget spent."""
+
+
+class IntegrityError(UpdateError):
+    """Downloaded bytes whose digest or decompressed size differs from the signed manifest."""
+
+
+class SmokeTestError(UpdateError):
+    """The new model does not load, or its answers to the manifest's samples are off."""
+
+
+class StoreError(UpdateError):
+    """The on-device model store cannot be read or written, or a name would escape it."""

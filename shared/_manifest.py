@@ -110,6 +110,7 @@ class BlobRef:
     size: int  # stored bytes
     raw_size: int  # bytes after decompression: the model file
     compression: str = "zstd"  # "zstd" | "none"
+    raw_digest: str | None = None  # digest of the raw model: what a delta install must rebuild
 
     @classmethod
     def from_dict(cls, d: object, what: str = "blob") -> BlobRef:
@@ -121,20 +122,29 @@ class BlobRef:
         compression = d.get("compression", "zstd")
         if compression not in ("zstd", "none"):
             raise ManifestError(f"{what}.compression must be zstd or none, got {compression!r}")
+        raw_digest = d.get("raw_digest")
+        if raw_digest is not None and (
+            not isinstance(raw_digest, str) or not _DIGEST.fullmatch(raw_digest)
+        ):
+            raise ManifestError(f"{what}.raw_digest must be 'sha256:<64 hex>'")
         return cls(
             digest,
             _int(d.get("size"), f"{what}.size", 1),
             _int(d.get("raw_size"), f"{what}.raw_size", 1),
             compression,
+            raw_digest,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "digest": self.digest,
             "size": self.size,
             "raw_size": self.raw_size,
             "compression": self.compression,
         }
+        if self.raw_digest is not None:
+            d["raw_digest"] = self.raw_digest
+        return d
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,42 @@
+"""Over-the-air model updates for the edge agent: signed, verified, resumable, atomic.
+
+Typical use::
+
+    from edge_agent import EdgeAgent
+    from edge_agent.updater import ModelUpdater
+    from shared import MqttSettings, PublicKey
+
+    keys = [PublicKey.load("/etc/tandem/publisher.pub")]
+    runtime = ModelUpdater.bootstrap("/var/lib/tandem/models", keys, "mnist")
+    agent = EdgeAgent(runtime, device_id="cam-7", cloud_model="mnist", broker=...)
+    updater = ModelUpdater(agent, model="mnist", device_id="cam-7",
+                           cdn_url="https://cdn.example/", trusted_keys=keys,
+                           store_dir="/var/lib/tandem/models",
+                           mqtt=MqttSettings.from_url("mqtts://hub.example"))
+    updater.start()
+
+``_trust`` decides (pure), ``_download`` talks HTTP, ``_fetch`` turns a verified
+manifest into verified model bytes, ``_smoke`` loads and checks them, ``_store``
+keeps models on disk, ``_updater`` runs the steps and reports.
+"""
+
+from ._download import CdnClient, DownloadResult, DownloadSettings
+from ._stats import UpdaterStats
+from ._store import CurrentPointer, DeviceModelStore, InstalledModel, LoadedModel
+from ._trust import TrustRecord, UpdateTrust
+from ._updater import STEPS, ModelUpdater
+
+__all__ = [
+    "STEPS",
+    "CdnClient",
+    "CurrentPointer",
+    "DeviceModelStore",
+    "DownloadResult",
+    "DownloadSettings",
+    "InstalledModel",
+    "LoadedModel",
+    "ModelUpdater",
+    "TrustRecord",
+    "UpdateTrust",
+    "UpdaterStats",
+]

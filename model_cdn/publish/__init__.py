@@ -1,0 +1,27 @@
+"""The publish pipeline: float model → quantized, validated, compressed, signed, registered.
+
+``publish_model`` does every step (see ``_pipeline``); ``load_samples`` reads
+calibration and validation inputs from ``.npy``/``.npz`` files without ever
+unpickling. The steps are usable alone: ``export_torch`` (torch module to
+ONNX), ``quantize_model`` (ONNX Runtime's INT8 static/dynamic, FP16),
+``shrink_model`` (drop what inference does not read) and
+``agreement_report`` (quantized vs float on held-out samples).
+"""
+
+from ._export import export_torch
+from ._pipeline import PublishResult, publish_model
+from ._quantize import METHODS, quantize_model
+from ._samples import load_samples
+from ._shrink import shrink_model
+from ._validate import agreement_report
+
+__all__ = [
+    "METHODS",
+    "PublishResult",
+    "agreement_report",
+    "export_torch",
+    "load_samples",
+    "publish_model",
+    "quantize_model",
+    "shrink_model",
+]

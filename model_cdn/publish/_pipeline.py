@@ -1,0 +1,373 @@
+"""``publish_model``: from a float model to a signed, registered, downloadable version.
+
+Steps: float ONNX (a file, bytes, or a torch module exported here) →
+quantize → validate against the float model on held-out samples → compress
+(zstd) → store the blob → a delta from the previous version when smaller →
+build the manifest (specs, requirements, sizes, the validation report, a
+smoke test) → sign it → register it.
+
+Invariants:
+
+- Nothing is stored or registered unless validation passed: a quantized
+  model that agrees with the float one on fewer than ``min_agreement`` of
+  the held-out samples raises ``ValidationError`` before the first write.
+- Nothing is written until the manifest is built and signed. Then blobs are
+  stored before the manifest is registered, so a registered manifest never
+  names a missing blob; a failure in between leaves only unreferenced,
+  content-addressed blobs, which are harmless.
+- A delta is published only if it is smaller than the full blob and applying
+  it here rebuilds the new model byte for byte.
+- The version is checked against the registry before any work, and the
+  registry checks it again atomically when the manifest is added (a
+  concurrent publisher loses with ``VersionConflictError``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from shared import (
+    NAME_PATTERN,
+    BlobRef,
+    DeltaRef,
+    ManifestError,
+    ModelManifest,
+    SigningKey,
+    apply_delta,
+    compress_blob,
+    decompress_blob,
+    digest,
+    format_time,
+    make_delta,
+    numpy_dtype,
+    sign_document,
+)
+
+from .._errors import (
+    BlobNotFoundError,
+    InvalidNameError,
+    ModelNotFoundError,
+    PublishError,
+    VersionConflictError,
+)
+from ..registry._base import Registry, VersionRecord
+from ..store._base import BlobStore
+from ._export import export_torch
+from ._quantize import METHODS, quantize_model, scheme_of
+from ._runner import OnnxModel, batches
+from ._smoke import pick_smoke_inputs, smoke_test, synthetic_inputs
+from ._tflite import TFLiteModel, load_tflite
+from ._validate import agreement_report, check_agreement
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["PublishResult", "publish_model"]
+
+Progress = Callable[[str, float], None]
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    manifest: ModelManifest
+    signed: dict[str, Any]  # what the registry stores and devices verify
+    report: dict[str, Any]  # the validation report, as in manifest.quantization
+    blob_digest: str
+    delta_digests: list[str]
+
+
+def publish_model(
+    source: Path | str | bytes | torch.nn.Module,
+    *,
+    name: str,
+    registry: Registry,
+    store: BlobStore,
+    signing_key: SigningKey,
+    version: int | None = None,
+    quantize: Literal["int8-static", "int8-dynamic", "fp16", "none"] = "int8-static",
+    calibration: np.ndarray | None = None,
+    validation: tuple[np.ndarray, np.ndarray | None] | None = None,
+    min_agreement: float = 0.97,
+    format: Literal["onnx", "tflite"] = "onnx",
+    tflite_file: Path | None = None,
+    labels: list[str] | None = None,
+    expires_in_days: float = 365.0,
+    example_input: np.ndarray | None = None,
+    progress: Progress | None = None,
+) -> PublishResult:
+    """Publish ``source`` as ``name`` version ``version`` (default: the latest + 1).
+
+    ``source`` is the float model: an ONNX file path, ONNX bytes or a
+    ``torch.nn.Module``. ``format="tflite"`` publishes ``tflite_file`` (already
+    converted) and validates it against ``source`` when a TFLite interpreter
+    is installed.
+    """
+    step: Progress = progress or (lambda stage, fraction: None)
+    _check_arguments(name, quantize, format, tflite_file, min_agreement, expires_in_days)
+    if format == "onnx" and quantize == "int8-static" and calibration is None:
+        raise PublishError("int8-static quantization needs calibration inputs")
+    if format == "onnx" and quantize != "none" and validation is None:
+        raise PublishError(f"{quantize} needs validation inputs: agreement is the publish gate")
+    latest = _latest(registry, name)
+    if version is None:
+        version = latest.version + 1 if latest else 1
+    elif latest is not None and version <= latest.version:
+        raise VersionConflictError(f"{name} version {version} is not above {latest.version}")
+    val_inputs, val_labels = validation if validation is not None else (None, None)
+
+    with _stage(step, "load float model"):
+        float_raw = _float_model(source, example_input, calibration, val_inputs)
+        reference = OnnxModel.load(float_raw, "float")
+        spec = reference.input
+        calibration, val_inputs, example_input = (
+            _typed(x, spec.datatype) for x in (calibration, val_inputs, example_input)
+        )
+    if labels is not None:
+        _check_labels(labels, reference.outputs)
+
+    if format == "onnx":
+        method: str = quantize
+        with _stage(step, "quantize"):
+            artifact = quantize_model(
+                float_raw,
+                quantize,
+                input_name=spec.name,
+                calibration=calibration,
+                fixed_batch=reference.fixed_batch,
+            )
+            candidate: OnnxModel | TFLiteModel | str = OnnxModel.load(artifact, "quantized")
+    else:
+        method = "tflite-file"
+        try:
+            artifact = Path(tflite_file).read_bytes()  # type: ignore[arg-type]  # checked
+        except OSError as e:
+            raise PublishError(f"cannot read the TFLite file {tflite_file}: {e}") from e
+        candidate = load_tflite(artifact)
+    # The same model with no graph optimization runs ONNX Runtime's reference kernels
+    # instead of fused ones: how far the two differ is how far devices may differ.
+    plain = OnnxModel.load(artifact, "quantized", optimize=False) if format == "onnx" else None
+    with _stage(step, "validate"):
+        validated = _validate(
+            reference, candidate, plain, method, val_inputs, val_labels, min_agreement
+        )
+    report: dict[str, Any] = {
+        "method": method,
+        **scheme_of(method),
+        **validated,
+        "float_bytes": len(float_raw),
+        "quantized_bytes": len(artifact),
+    }
+    if method == "int8-static" and calibration is not None:
+        report["calibration_samples"] = len(calibration)
+    samples = pick_smoke_inputs([val_inputs, calibration, example_input], reference.fixed_batch)
+    if samples is None:
+        samples = synthetic_inputs(spec, reference.fixed_batch)
+    smoke = _smoke(candidate, plain, method, samples, validated.get("kernel_max_abs_diff", 0.0))
+    inputs, outputs, requires = _describe(candidate, artifact)
+
+    with _stage(step, "compress"):
+        blob = compress_blob(artifact)
+    with _stage(step, "delta"):
+        delta = _delta(store, latest, format, artifact, len(blob))
+    now = datetime.now(UTC).replace(microsecond=0)
+    try:
+        manifest = ModelManifest(
+            name=name,
+            version=version,
+            format=format,
+            requires=requires,
+            inputs=inputs,
+            outputs=outputs,
+            labels=tuple(labels) if labels is not None else None,
+            blob=BlobRef(digest(blob), len(blob), len(artifact), "zstd", digest(artifact)),
+            deltas=(delta[0],) if delta else (),
+            quantization=report,
+            smoke_test=smoke,
+            published_at=format_time(now),
+            expires_at=format_time(now + timedelta(days=expires_in_days)),
+        )
+        signed = sign_document(manifest.to_dict(), signing_key)
+    except ManifestError as e:
+        raise PublishError(f"cannot build the manifest of {name}@{version}: {e}") from e
+    with _stage(step, "store and register"):
+        blob_digest = store.put(blob)
+        delta_digests = [store.put(delta[1])] if delta else []
+        registry.add_version(signed)
+    return PublishResult(manifest, signed, report, blob_digest, delta_digests)
+
+
+@contextlib.contextmanager
+def _stage(progress: Progress, name: str) -> Iterator[None]:
+    progress(name, 0.0)
+    yield
+    progress(name, 1.0)
+
+
+def _check_arguments(
+    name: str,
+    quantize: str,
+    format: str,
+    tflite_file: Path | None,
+    min_agreement: float,
+    expires_in_days: float,
+) -> None:
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise InvalidNameError(f"invalid model name {name!r:.80}: use A-Z a-z 0-9 . _ -")
+    if quantize not in METHODS:
+        raise PublishError(f"unknown quantization {quantize!r}; use one of {', '.join(METHODS)}")
+    if format not in ("onnx", "tflite"):
+        raise PublishError(f"format must be onnx or tflite, got {format!r}")
+    if format == "tflite" and tflite_file is None:
+        raise PublishError("format='tflite' publishes a converted file: pass tflite_file")
+    if not 0.0 <= min_agreement <= 1.0:
+        raise PublishError(f"min_agreement must be within [0, 1], got {min_agreement}")
+    if not expires_in_days > 0:
+        raise PublishError(f"expires_in_days must be positive, got {expires_in_days}")
+
+
+def _latest(registry: Registry, name: str) -> VersionRecord | None:
+    try:
+        return registry.get_version(name)
+    except ModelNotFoundError:
+        return None
+
+
+def _typed(inputs: np.ndarray | None, datatype: str) -> np.ndarray | None:
+    if inputs is None or datatype == "BYTES":
+        return inputs
+    return np.ascontiguousarray(inputs, dtype=numpy_dtype(datatype))
+
+
+def _float_model(
+    source: Path | str | bytes | torch.nn.Module,
+    example_input: np.ndarray | None,
+    calibration: np.ndarray | None,
+    val_inputs: np.ndarray | None,
+) -> bytes:
+    if isinstance(source, bytes | bytearray | memoryview):
+        return bytes(source)
+    if isinstance(source, str | os.PathLike):
+        try:
+            return Path(source).read_bytes()
+        except OSError as e:
+            raise PublishError(f"cannot read the model {source}: {e}") from e
+    example = next((x for x in (example_input, calibration, val_inputs) if x is not None), None)
+    if example is None:
+        raise PublishError("exporting a torch module needs example_input (or sample inputs)")
+    return export_torch(source, np.asarray(example[:2], dtype=np.float32))
+
+
+def _validate(
+    reference: OnnxModel,
+    candidate: OnnxModel | TFLiteModel | str,
+    plain: OnnxModel | None,
+    method: str,
+    inputs: np.ndarray | None,
+    labels: np.ndarray | None,
+    min_agreement: float,
+) -> dict[str, Any]:
+    if isinstance(candidate, str):
+        return {"validated": False, "reason": candidate}
+    if inputs is None:  # allowed for "none" and TFLite files only (checked up front)
+        return {"validated": False, "reason": "no validation inputs given"}
+    expected = reference.first_output(inputs)
+    if isinstance(candidate, OnnxModel):
+        got = candidate.first_output(inputs)
+    else:
+        shape = candidate.input_records[0].shape
+        if len(shape) != inputs.ndim or any(
+            s is not None and s != n for s, n in zip(shape[1:], inputs.shape[1:], strict=True)
+        ):
+            return {
+                "validated": False,
+                "reason": f"the TFLite input {list(shape)} does not take the float model's "
+                f"samples {list(inputs.shape)}",
+            }
+        got = np.concatenate([candidate.run_float(chunk) for chunk in batches(inputs, None)])
+    report = agreement_report(expected[: len(got)], got, labels)
+    check_agreement(report, min_agreement)
+    report["min_agreement"] = min_agreement
+    if plain is not None:
+        report["kernel_max_abs_diff"] = _max_diff({"": got}, {"": plain.first_output(inputs)})
+    return {"validated": True, **report}
+
+
+def _max_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    return round(
+        max(float(np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64)))) for k in a),
+        6,
+    )
+
+
+def _smoke(
+    candidate: OnnxModel | TFLiteModel | str,
+    plain: OnnxModel | None,
+    method: str,
+    samples: np.ndarray | None,
+    kernel_diff: float,
+) -> dict[str, Any] | None:
+    if samples is None or isinstance(candidate, str):
+        return None
+    if isinstance(candidate, TFLiteModel):
+        quantized = candidate.quantize_input(samples)
+        return smoke_test(candidate.inputs[0][0], quantized, candidate.run(quantized), method)
+    outputs = candidate.run(samples)
+    if plain is not None:
+        kernel_diff = max(kernel_diff, _max_diff(outputs, plain.run(samples)))
+    return smoke_test(candidate.input.name, samples, outputs, method, kernel_diff)
+
+
+def _describe(
+    candidate: OnnxModel | TFLiteModel | str, artifact: bytes
+) -> tuple[tuple[Any, ...], tuple[Any, ...], dict[str, Any]]:
+    """(inputs, outputs, requires) of the published model."""
+    if isinstance(candidate, OnnxModel):
+        import onnx
+
+        model = onnx.load_model_from_string(artifact)
+        opset = max(
+            (o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0
+        )
+        return candidate.inputs, candidate.outputs, {"runtime": "onnxruntime", "opset": opset}
+    if isinstance(candidate, TFLiteModel):
+        return candidate.input_records, candidate.output_records, {"runtime": "tflite"}
+    return (), (), {"runtime": "tflite"}  # no interpreter here to read the specs
+
+
+def _check_labels(labels: list[str], outputs: tuple[Any, ...]) -> None:
+    if not all(isinstance(x, str) for x in labels):
+        raise PublishError("labels must be strings")
+    classes = outputs[0].shape[-1] if outputs and outputs[0].shape else None  # first output
+    if classes is not None and classes != len(labels):
+        raise PublishError(f"{len(labels)} labels for a model with {classes} outputs")
+
+
+def _delta(
+    store: BlobStore, latest: VersionRecord | None, format: str, new_raw: bytes, full_size: int
+) -> tuple[DeltaRef, bytes] | None:
+    """A patch from the latest version's model (not stored yet), when at hand and it pays."""
+    if latest is None:
+        return None
+    previous = latest.manifest.get("signed", {})
+    if not isinstance(previous, dict) or previous.get("format") != format:
+        return None
+    try:
+        ref = BlobRef.from_dict(previous.get("blob"))
+        data = store.get(ref.digest)
+        if digest(data) != ref.digest:
+            return None  # a damaged blob is no base for a patch
+        old_raw = decompress_blob(data, ref.raw_size) if ref.compression == "zstd" else data
+    except (ManifestError, BlobNotFoundError):
+        return None
+    patch = make_delta(old_raw, new_raw)
+    if len(patch) >= full_size or apply_delta(old_raw, patch, len(new_raw)) != new_raw:
+        return None
+    return DeltaRef(latest.version, digest(patch), len(patch)), patch
