@@ -28,6 +28,21 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "hub",
         "Serve a model repository to edge agents over MQTT, with dynamic batching.",
     ),
+    "keys": (
+        "model_cdn._cli",
+        "keys_app",
+        "Create the publisher's signing key pair (devices trust what it signs).",
+    ),
+    "models": (
+        "model_cdn._cli",
+        "models_app",
+        "Publish quantized, signed model versions; list them; assign them to devices.",
+    ),
+    "cdn": (
+        "model_cdn._cli",
+        "cdn_app",
+        "Serve models, manifests, blobs and assignments over HTTP.",
+    ),
 }
 
 

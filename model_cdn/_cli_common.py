@@ -1,0 +1,127 @@
+"""What the CDN's commands share: one-line errors, the registry/store/key options.
+
+Every failure of a command is one line on stderr, ``tandem <command>: <why>``,
+and a non-zero exit: 1 when the work failed, 2 when the command line was wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+
+if TYPE_CHECKING:
+    from .registry import Registry
+
+__all__ = [
+    "DEFAULT_REGISTRY",
+    "DEFAULT_STORE",
+    "RegistryOption",
+    "SignKeyOption",
+    "StoreOption",
+    "clean_errors",
+    "fail",
+    "load_key",
+    "open_registry_for",
+    "ratio_text",
+    "size_text",
+]
+
+DEFAULT_REGISTRY = "sqlite:///./tandem-cdn/registry.db"
+DEFAULT_STORE = "./tandem-cdn/blobs"
+
+
+def fail(command: str, message: str, code: int = 1) -> NoReturn:
+    first = " ".join(str(message).split())  # one line, whatever the message held
+    typer.echo(f"tandem {command}: {first}", err=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def clean_errors(command: str) -> Iterator[None]:
+    """Our errors, file errors and bad values become one line and exit code 1."""
+    from shared import TandemError
+
+    try:
+        yield
+    except typer.Exit:
+        raise
+    except (TandemError, OSError, ValueError) as e:
+        if isinstance(e, OSError) and e.filename is not None:
+            message = f"{e.strerror or e}: {e.filename}"
+        else:
+            message = str(e) or type(e).__name__
+        fail(command, message)
+
+
+def open_registry_for(url: str, *, create: bool) -> Registry:
+    """The registry; with ``create=False`` a missing SQLite file is an error with a hint."""
+    from ._errors import RegistryError
+    from .registry import open_registry
+
+    try:
+        return open_registry(url, create=create)
+    except RegistryError as e:
+        if create or not str(e).startswith("no registry at"):
+            raise
+        raise RegistryError(
+            f"{e} (nothing published there yet?); pass --registry or set TANDEM_REGISTRY"
+        ) from e
+
+
+# -- options shared by several commands ------------------------------------
+
+RegistryOption = Annotated[
+    str,
+    typer.Option(
+        "--registry",
+        envvar="TANDEM_REGISTRY",
+        help="Registry: sqlite:///path.db, a plain path, or postgresql://user@host/db.",
+    ),
+]
+StoreOption = Annotated[
+    str,
+    typer.Option(
+        "--store",
+        envvar="TANDEM_STORE",
+        help="Blob store: a directory, file:///dir or s3://bucket/prefix?endpoint_url=….",
+    ),
+]
+SignKeyOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--sign-key",
+        envvar="TANDEM_SIGN_KEY",
+        help="The publisher's private key file (from 'tandem keys generate').",
+        show_default=False,
+    ),
+]
+
+
+def load_key(path: Path | None, command: str) -> Any:
+    from shared import SigningKey
+
+    if path is None:
+        fail(command, "no signing key: pass --sign-key FILE or set TANDEM_SIGN_KEY", 2)
+    return SigningKey.load(path)
+
+
+def size_text(value: object) -> str:
+    """Bytes for a person: ``13600`` -> ``13.3 KiB``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return "—"
+    if value < 1024:
+        return f"{value} B"
+    amount = float(value)
+    for unit in ("KiB", "MiB", "GiB"):
+        amount /= 1024
+        if amount < 1024 or unit == "GiB":
+            break
+    return f"{amount:.1f} {unit} ({value} B)"
+
+
+def ratio_text(value: object) -> str:
+    return f"{value:.2%}" if isinstance(value, int | float) else "—"

@@ -1,0 +1,454 @@
+"""The CDN's HTTP API: models, signed manifests, immutable blobs, device assignments.
+
+Routes (devices and the updater rely on this layout)::
+
+    GET    /healthz
+    GET    /v1/models                                        {"models": [name, …]}
+    GET    /v1/models/{name}/versions                        {"versions": [{version,
+                                                               blob_digest, published_at}]}
+    GET    /v1/models/{name}/manifest                        latest signed manifest
+    GET    /v1/models/{name}/versions/{version}/manifest     one signed manifest
+    GET    /v1/blobs/{digest}            (and HEAD)          the blob; ranges, ETag, immutable
+    GET    /v1/devices/{device}/assignments/{model}          signed assignment
+  admin (Authorization: Bearer <admin token>):
+    PUT    /v1/blobs/{digest}                                body = the bytes; digest recomputed
+    POST   /v1/models/{name}/versions                        body = signed manifest
+    DELETE /v1/models/{name}/versions/{version}
+    PUT    /v1/devices/{device}/assignments/{model}          body = signed assignment; MQTT retained
+
+Blobs are immutable and named by their digest, so they go out with
+``ETag: "sha256:…"`` and ``Cache-Control: immutable`` and any CDN or S3 can
+front this server. Local files are sent by Starlette's ``FileResponse``
+(which handles ranges and ``HEAD``; see ``_ranges`` for the rules both paths
+share); other stores are streamed from ``store.open()`` in 64 KiB chunks.
+Nothing here reads a whole blob into memory except an upload, which is
+bounded by ``max_blob_bytes``.
+
+Every name and digest in a path is checked before it reaches the registry or
+the store (no ``..``, ``/``, upper-case hex), and every error is JSON
+``{"error": "…"}`` with its status: 400 bad input, 401 no or malformed
+credentials, 403 wrong token, 404 unknown, 409 version not above the latest,
+413 too large, 416 bad range, 502 MQTT publish failed, 503 storage failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import re
+import stat
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
+
+from shared import (
+    ManifestError,
+    MqttSettings,
+    PublicKey,
+    TandemError,
+    Topics,
+    verify_assignment,
+    verify_manifest,
+)
+
+from ._assign import publish_assignment
+from ._errors import (
+    AuthError,
+    BlobNotFoundError,
+    CdnError,
+    InvalidNameError,
+    ModelNotFoundError,
+    RegistryError,
+    StoreError,
+    VersionConflictError,
+)
+from ._ranges import RangeNotSatisfiableError, etag_matches, plan_range
+from .registry import Registry
+from .registry._rows import assignment_fields, check_name, dump_document, manifest_fields
+from .store import BlobStore, check_digest
+
+__all__ = ["create_app"]
+
+logger = logging.getLogger(__name__)
+
+# Upload limit: the body is held in memory (BlobStore.put takes bytes); a bigger
+# model belongs in S3 through its own multipart upload, not through this API.
+MAX_BLOB_BYTES = 1024**3
+MAX_DOCUMENT_BYTES = 1024 * 1024  # a signed manifest or assignment
+CHUNK_BYTES = 64 * 1024
+IMMUTABLE = "public, max-age=31536000, immutable"
+_VERSION = re.compile(r"[1-9][0-9]{0,17}")
+
+
+class HttpError(Exception):
+    """An error answer: status, one-line message, extra headers."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or {}
+
+
+def _status_of(error: TandemError) -> int:
+    """The HTTP status of one of our own errors (most specific first)."""
+    for kind, status in (
+        (InvalidNameError, 400),
+        (AuthError, 403),
+        (ManifestError, 400),  # includes SignatureError and ExpiredError
+        (ModelNotFoundError, 404),
+        (BlobNotFoundError, 404),
+        (VersionConflictError, 409),
+        (RegistryError, 503),
+        (StoreError, 503),
+    ):
+        if isinstance(error, kind):
+            return status
+    return 400 if isinstance(error, ValueError) else 500
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _version(text: str) -> int:
+    if not _VERSION.fullmatch(text):
+        raise HttpError(400, f"version must be a positive integer, got {text[:40]!r}")
+    return int(text)
+
+
+class _BlobFileResponse(FileResponse):
+    """``FileResponse`` answering one range at most, and no range when told to ignore it.
+
+    Our ``plan_range`` decides; when it says "whole blob" the request's
+    ``Range`` never reaches ``FileResponse``, which would otherwise answer
+    some ranges we ignore (an unknown unit) with 400.
+    """
+
+    max_ranges = 1
+
+    def __init__(self, *args: Any, honour_range: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.honour_range = honour_range
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.honour_range:
+            drop = (b"range", b"if-range")
+            scope = {
+                **scope,
+                "headers": [(k, v) for k, v in scope["headers"] if k.lower() not in drop],
+            }
+        await super().__call__(scope, receive, send)
+
+
+def _chunks(stream: BinaryIO, start: int, length: int) -> Iterator[bytes]:
+    """``length`` bytes from ``start``, 64 KiB at a time; closes the stream however it ends."""
+    try:
+        stream.seek(start)
+        while length > 0:
+            chunk = stream.read(min(CHUNK_BYTES, length))
+            if not chunk:
+                raise StoreError(f"blob ended {length} bytes early")
+            length -= len(chunk)
+            yield chunk
+    finally:
+        stream.close()
+
+
+def create_app(
+    *,
+    registry: Registry,
+    store: BlobStore,
+    admin_token: str | None,
+    read_token: str | None = None,
+    trusted_keys: list[PublicKey] | None = None,
+    mqtt: MqttSettings | None = None,
+    topics: Topics = Topics(),  # noqa: B008 - frozen dataclass, safe as a default
+    max_blob_bytes: int = MAX_BLOB_BYTES,
+) -> FastAPI:
+    """The CDN app over ``registry`` and ``store``.
+
+    ``admin_token`` None turns the admin routes off (403). ``read_token``
+    set makes reads need it (or the admin token). ``trusted_keys`` set makes
+    uploads of manifests and assignments need a signature by one of them
+    (devices check again; this only stops mistakes early). ``mqtt`` set makes
+    an assignment PUT also publish it, retained, to the device.
+    """
+    for what, token in (("admin", admin_token), ("read", read_token)):
+        if token is not None and (not token or not token.isprintable() or " " in token):
+            raise CdnError(f"the {what} token must be non-empty printable text without spaces")
+    app = FastAPI(title="Tandem model CDN", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.registry, app.state.store = registry, store
+    keys = list(trusted_keys) if trusted_keys else None
+
+    # -- errors ------------------------------------------------------------
+
+    @app.exception_handler(HttpError)
+    async def _on_http_error(_r: Request, e: HttpError) -> Response:
+        return _error(e.status, str(e), e.headers)
+
+    @app.exception_handler(TandemError)
+    async def _on_tandem_error(_r: Request, e: TandemError) -> Response:
+        status = _status_of(e)
+        if status >= 500:
+            logger.error("%s", e)
+        return _error(status, str(e))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_route_error(_r: Request, e: StarletteHTTPException) -> Response:
+        return _error(e.status_code, str(e.detail), dict(e.headers or {}))
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_validation(_r: Request, e: RequestValidationError) -> Response:
+        return _error(
+            400, f"bad request: {e.errors()[0].get('msg', 'invalid') if e.errors() else e}"
+        )
+
+    # -- auth --------------------------------------------------------------
+
+    def bearer(request: Request) -> str:
+        header = request.headers.get("authorization")
+        challenge = {"WWW-Authenticate": "Bearer"}
+        if header is None:
+            raise HttpError(401, "missing Authorization: Bearer <token>", challenge)
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip() or " " in token.strip():
+            raise HttpError(401, "malformed Authorization header: use 'Bearer <token>'", challenge)
+        return token.strip()
+
+    def same(given: str, expected: str | None) -> bool:
+        return expected is not None and hmac.compare_digest(given.encode(), expected.encode())
+
+    def require_admin(request: Request) -> None:
+        if admin_token is None:
+            raise HttpError(403, "the admin API is off: start the server with an admin token")
+        if not same(bearer(request), admin_token):
+            raise HttpError(403, "wrong admin token")
+
+    def require_read(request: Request) -> None:
+        if read_token is None:
+            return
+        token = bearer(request)
+        if not (same(token, read_token) or same(token, admin_token)):
+            raise HttpError(403, "wrong read token")
+
+    admin = [Depends(require_admin)]
+    read = [Depends(require_read)]
+
+    # -- reads -------------------------------------------------------------
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models", dependencies=read)
+    def list_models() -> dict[str, Any]:
+        return {"models": registry.list_models()}
+
+    @app.get("/v1/models/{name}/versions", dependencies=read)
+    def list_versions(name: str) -> dict[str, Any]:
+        records = registry.list_versions(check_name(name, "model name"))
+        return {
+            "versions": [
+                {"version": r.version, "blob_digest": r.blob_digest, "published_at": r.published_at}
+                for r in records
+            ]
+        }
+
+    def document(doc: dict[str, Any], cache: str) -> Response:
+        return Response(
+            dump_document(doc), media_type="application/json", headers={"Cache-Control": cache}
+        )
+
+    @app.get("/v1/models/{name}/manifest", dependencies=read)
+    def latest_manifest(name: str) -> Response:
+        return document(registry.get_version(check_name(name, "model name")).manifest, "no-cache")
+
+    @app.get("/v1/models/{name}/versions/{version}/manifest", dependencies=read)
+    def manifest(name: str, version: str) -> Response:
+        record = registry.get_version(check_name(name, "model name"), _version(version))
+        # A version's manifest never changes, but it may be withdrawn: cache it briefly.
+        return document(record.manifest, "public, max-age=300")
+
+    @app.api_route("/v1/blobs/{digest}", methods=["GET", "HEAD"], dependencies=read)
+    def blob(digest: str, request: Request) -> Response:
+        check_digest(digest)
+        etag = f'"{digest}"'
+        headers = {"ETag": etag, "Cache-Control": IMMUTABLE, "Accept-Ranges": "bytes"}
+        path = store.local_path(digest)
+        if path is not None:
+            try:
+                info = os.stat(path)
+            except FileNotFoundError as e:
+                raise BlobNotFoundError(f"no blob {digest}") from e
+            if not stat.S_ISREG(info.st_mode):
+                raise BlobNotFoundError(f"no blob {digest}")
+            size = info.st_size
+        else:
+            size = store.size(digest)
+        if etag_matches(request.headers.get("if-none-match"), etag):
+            return Response(status_code=304, headers=headers)
+        try:
+            byte_range = plan_range(
+                request.headers.get("range"), request.headers.get("if-range"), etag, size
+            )
+        except RangeNotSatisfiableError as e:
+            raise HttpError(416, str(e), {"Content-Range": f"bytes */{e.size}"}) from e
+        if path is not None:
+            return _BlobFileResponse(
+                path,
+                headers=headers,
+                media_type="application/octet-stream",
+                stat_result=info,
+                honour_range=byte_range is not None,
+            )
+        status, start, length = 200, 0, size
+        if byte_range is not None:
+            status, start, length = 206, byte_range.start, byte_range.length
+            headers["Content-Range"] = byte_range.content_range(size)
+        headers["Content-Length"] = str(length)
+        if request.method == "HEAD":
+            return Response(
+                status_code=status, headers=headers, media_type="application/octet-stream"
+            )
+        return StreamingResponse(
+            _chunks(store.open(digest), start, length),
+            status_code=status,
+            headers=headers,
+            media_type="application/octet-stream",
+        )
+
+    @app.get("/v1/devices/{device}/assignments/{model}", dependencies=read)
+    def get_assignment(device: str, model: str) -> Response:
+        doc = registry.get_assignment(
+            check_name(device, "device id"), check_name(model, "model name")
+        )
+        if doc is None:
+            raise HttpError(404, f"no assignment of model {model} to device {device}")
+        return document(doc, "no-cache")
+
+    # -- admin -------------------------------------------------------------
+
+    @app.put("/v1/blobs/{digest}", dependencies=admin)
+    async def put_blob(digest: str, request: Request) -> Response:
+        check_digest(digest)
+        hasher = hashlib.sha256()
+        body = await _read_body(request, max_blob_bytes, "blob", hasher.update)
+        actual = "sha256:" + hasher.hexdigest()
+        if actual != digest:
+            raise HttpError(400, f"the body's digest is {actual}, not {digest} as the URL says")
+        existed = await run_in_threadpool(store.exists, digest)
+        if not existed:
+            await run_in_threadpool(store.put, body)
+        return JSONResponse(
+            {"digest": digest, "size": len(body)}, status_code=200 if existed else 201
+        )
+
+    @app.post("/v1/models/{name}/versions", dependencies=admin)
+    async def add_version(name: str, request: Request) -> Response:
+        check_name(name, "model name")
+        doc = await _read_json(request)
+
+        def add() -> dict[str, Any]:
+            parsed = verify_manifest(doc, keys) if keys else manifest_fields(doc)
+            if parsed.name != name:
+                raise HttpError(400, f"the manifest is for model {parsed.name!r}, not {name!r}")
+            if parsed.expired():
+                raise HttpError(400, f"the manifest expired at {parsed.expires_at}")
+            for needed in [parsed.blob.digest, *(d.digest for d in parsed.deltas)]:
+                if not store.exists(needed):
+                    raise HttpError(
+                        400, f"blob {needed} is not in the store: PUT /v1/blobs/{needed} first"
+                    )
+            record = registry.add_version(doc)
+            return {
+                "name": record.name,
+                "version": record.version,
+                "blob_digest": record.blob_digest,
+                "published_at": record.published_at,
+            }
+
+        return JSONResponse(await run_in_threadpool(add), status_code=201)
+
+    @app.delete("/v1/models/{name}/versions/{version}", dependencies=admin)
+    def delete_version(name: str, version: str) -> dict[str, Any]:
+        number = _version(version)
+        registry.delete_version(check_name(name, "model name"), number)
+        return {"deleted": {"name": name, "version": number}}
+
+    @app.put("/v1/devices/{device}/assignments/{model}", dependencies=admin)
+    async def put_assignment(device: str, model: str, request: Request) -> Response:
+        doc = await _read_json(request)
+
+        def assign() -> dict[str, Any]:
+            parsed = verify_assignment(doc, keys) if keys else assignment_fields(device, model, doc)
+            if (parsed.device, parsed.model) != (device, model):
+                raise HttpError(
+                    400,
+                    f"the assignment is for {parsed.device}/{parsed.model}, not {device}/{model}",
+                )
+            if parsed.expired():
+                raise HttpError(400, f"the assignment expired at {parsed.expires_at}")
+            try:
+                registry.get_version(model, parsed.version)
+            except ModelNotFoundError as e:
+                raise HttpError(404, f"no version {model}@{parsed.version} to assign") from e
+            registry.put_assignment(device, model, doc)
+            if mqtt is not None:
+                try:
+                    publish_assignment(mqtt, topics, device, doc)
+                except CdnError as e:
+                    raise HttpError(502, f"assignment stored, but not published: {e}") from e
+            return {
+                "device": device,
+                "model": model,
+                "version": parsed.version,
+                "published": mqtt is not None,
+            }
+
+        return JSONResponse(await run_in_threadpool(assign))
+
+    return app
+
+
+async def _read_body(
+    request: Request, limit: int, what: str, on_chunk: Callable[[bytes], object] | None = None
+) -> bytes:
+    """The request body, refused with 413 as soon as it passes ``limit`` bytes.
+
+    ``on_chunk`` sees every chunk as it arrives (hashing then costs no second pass).
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HttpError(413, f"the {what} is {declared} bytes; the limit is {limit}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if on_chunk is not None:
+            on_chunk(chunk)
+        if len(body) > limit:
+            raise HttpError(413, f"the {what} is over the limit of {limit} bytes")
+    return bytes(body)
+
+
+def _no_constants(name: str) -> Any:
+    raise HttpError(400, f"the document is not plain JSON: {name} is not a number")
+
+
+async def _read_json(request: Request) -> dict[str, Any]:
+    body = await _read_body(request, MAX_DOCUMENT_BYTES, "document")
+    try:
+        doc = json.loads(body, parse_constant=_no_constants)
+    except (ValueError, RecursionError) as e:
+        raise HttpError(400, f"the body is not JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise HttpError(400, "the body must be a signed JSON document (an object)")
+    return doc

@@ -1,0 +1,253 @@
+"""The PostgreSQL registry: for several CDN servers and publishers sharing one database.
+
+Concurrency: ``add_version`` runs in one transaction that first makes sure
+the model's row in ``models`` exists, then locks it (``SELECT … FOR UPDATE``)
+before comparing the new version with the high-water mark. Two publishers of
+the same model therefore take turns; the second one reads the first one's
+committed mark and gets ``VersionConflictError``. The primary key on
+``versions (name, version)`` backs this up: a unique violation is reported
+as the same conflict.
+
+Connections: a small pool of psycopg 3 connections in autocommit mode, one
+per concurrent caller (the HTTP server calls from a thread pool); writes open
+an explicit transaction. A connection that broke (server restart) is dropped
+and replaced on the next call. Credentials never appear in error messages.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from .._errors import ModelNotFoundError, RegistryError, VersionConflictError
+from ._base import Registry, VersionRecord
+from ._rows import (
+    assignment_fields,
+    check_name,
+    check_version,
+    dump_document,
+    load_document,
+    manifest_fields,
+    now_text,
+    record_from_row,
+)
+
+__all__ = ["PostgresRegistry"]
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS models (
+        name TEXT PRIMARY KEY,
+        latest_version BIGINT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS versions (
+        name TEXT NOT NULL REFERENCES models(name),
+        version BIGINT NOT NULL,
+        manifest TEXT NOT NULL,
+        blob_digest TEXT NOT NULL,
+        published_at TEXT NOT NULL,
+        PRIMARY KEY (name, version)
+    )""",
+    """CREATE TABLE IF NOT EXISTS assignments (
+        device TEXT NOT NULL,
+        model TEXT NOT NULL,
+        document TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (device, model)
+    )""",
+)
+# Serialises concurrent CREATE TABLE IF NOT EXISTS (which can race on the catalog).
+_SCHEMA_LOCK_ID = 0x7A4D_C0DE
+_COLUMNS = "name, version, manifest, blob_digest, published_at"
+_MAX_IDLE = 8  # pooled connections kept open between calls
+_CONNECT_TIMEOUT_S = 10
+
+
+def _where(url: str) -> str:
+    """``host:port/dbname`` of a connection URL, without user or password."""
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.Error:
+        return "PostgreSQL (unparsable URL)"
+    return f"{info.get('host', 'localhost')}:{info.get('port', 5432)}/{info.get('dbname', '')}"
+
+
+class PostgresRegistry(Registry):
+    """A registry in a PostgreSQL database (``postgresql://user@host:5432/db``).
+
+    The tables are created when missing. To keep them in their own schema, add
+    ``options=-csearch_path%3Dmyschema`` to the URL's query.
+    """
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self.where = _where(url)
+        self._idle: list[psycopg.Connection[Any]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        with self._transaction("create the tables") as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK_ID,))
+            for statement in _SCHEMA:
+                conn.execute(statement)
+
+    # -- connections -------------------------------------------------------
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        try:
+            return psycopg.connect(self._url, autocommit=True, connect_timeout=_CONNECT_TIMEOUT_S)
+        except psycopg.Error as e:
+            # The message of a failed connect names host and user, never the password.
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise RegistryError(f"cannot connect to PostgreSQL at {self.where}: {first}") from e
+
+    @contextmanager
+    def _connection(self, action: str) -> Iterator[psycopg.Connection[Any]]:
+        with self._lock:
+            if self._closed:
+                raise RegistryError(f"registry {self.where} is closed")
+            conn = self._idle.pop() if self._idle else None
+        if conn is None or conn.closed:
+            conn = self._connect()
+        try:
+            yield conn
+        except psycopg.Error as e:
+            self._release(conn)
+            raise RegistryError(f"registry {self.where}: cannot {action}: {e}") from e
+        except BaseException:
+            self._release(conn)
+            raise
+        self._release(conn)
+
+    @contextmanager
+    def _transaction(self, action: str) -> Iterator[psycopg.Connection[Any]]:
+        with self._connection(action) as conn, conn.transaction():
+            yield conn
+
+    def _release(self, conn: psycopg.Connection[Any]) -> None:
+        with self._lock:
+            keep = not (self._closed or conn.closed or conn.broken) and len(self._idle) < _MAX_IDLE
+            if keep:
+                self._idle.append(conn)
+        if not keep:
+            conn.close()
+
+    # -- Registry ----------------------------------------------------------
+
+    def add_version(self, signed_manifest: dict[str, Any]) -> VersionRecord:
+        manifest = manifest_fields(signed_manifest)
+        text = dump_document(signed_manifest)
+        name, version = manifest.name, manifest.version
+        try:
+            with self._transaction(f"add {name}@{version}") as conn:
+                conn.execute(
+                    "INSERT INTO models (name, latest_version) VALUES (%s, 0) "
+                    "ON CONFLICT (name) DO NOTHING",
+                    (name,),
+                )
+                row = conn.execute(
+                    "SELECT latest_version FROM models WHERE name = %s FOR UPDATE", (name,)
+                ).fetchone()
+                latest = int(row[0]) if row else 0
+                if version <= latest:
+                    raise VersionConflictError(
+                        f"{name}@{version} is not above the latest version {latest} "
+                        "(versions only grow, deleted ones included)"
+                    )
+                conn.execute(
+                    f"INSERT INTO versions ({_COLUMNS}) VALUES (%s, %s, %s, %s, %s)",
+                    (name, version, text, manifest.blob.digest, manifest.published_at),
+                )
+                conn.execute(
+                    "UPDATE models SET latest_version = %s WHERE name = %s", (version, name)
+                )
+        except RegistryError as e:
+            if isinstance(e.__cause__, pg_errors.UniqueViolation):
+                raise VersionConflictError(f"{name}@{version} was published meanwhile") from e
+            raise
+        return VersionRecord(
+            name=name,
+            version=version,
+            manifest=load_document(text),
+            blob_digest=manifest.blob.digest,
+            published_at=manifest.published_at,
+        )
+
+    def get_version(self, name: str, version: int | None = None) -> VersionRecord:
+        check_name(name, "model name")
+        with self._connection(f"read {name}") as conn:
+            if version is None:
+                row = conn.execute(
+                    f"SELECT {_COLUMNS} FROM versions WHERE name = %s "
+                    "ORDER BY version DESC LIMIT 1",
+                    (name,),
+                ).fetchone()
+            else:
+                row = conn.execute(
+                    f"SELECT {_COLUMNS} FROM versions WHERE name = %s AND version = %s",
+                    (name, check_version(version)),
+                ).fetchone()
+        if row is None:
+            what = name if version is None else f"{name}@{version}"
+            raise ModelNotFoundError(f"no model version {what} in the registry")
+        return record_from_row(tuple(row))
+
+    def list_models(self) -> list[str]:
+        with self._connection("list models") as conn:
+            rows = conn.execute("SELECT DISTINCT name FROM versions ORDER BY name").fetchall()
+        return [r[0] for r in rows]
+
+    def list_versions(self, name: str) -> list[VersionRecord]:
+        check_name(name, "model name")
+        with self._connection(f"list {name}") as conn:
+            known = conn.execute("SELECT 1 FROM models WHERE name = %s", (name,)).fetchone()
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM versions WHERE name = %s ORDER BY version", (name,)
+            ).fetchall()
+        if known is None:
+            raise ModelNotFoundError(f"no model {name!r} in the registry")
+        return [record_from_row(tuple(r)) for r in rows]
+
+    def delete_version(self, name: str, version: int) -> None:
+        check_name(name, "model name")
+        check_version(version)
+        with self._transaction(f"delete {name}@{version}") as conn:
+            gone = conn.execute(
+                "DELETE FROM versions WHERE name = %s AND version = %s", (name, version)
+            ).rowcount
+        if not gone:
+            raise ModelNotFoundError(f"no model version {name}@{version} in the registry")
+
+    def put_assignment(self, device: str, model: str, signed_assignment: dict[str, Any]) -> None:
+        assignment_fields(device, model, signed_assignment)
+        text = dump_document(signed_assignment)
+        with self._transaction(f"assign {model} to {device}") as conn:
+            conn.execute(
+                "INSERT INTO assignments (device, model, document, updated_at) "
+                "VALUES (%s, %s, %s, %s) ON CONFLICT (device, model) DO UPDATE SET "
+                "document = excluded.document, updated_at = excluded.updated_at",
+                (device, model, text, now_text()),
+            )
+
+    def get_assignment(self, device: str, model: str) -> dict[str, Any] | None:
+        check_name(device, "device id")
+        check_name(model, "model name")
+        with self._connection(f"read the assignment of {model} to {device}") as conn:
+            row = conn.execute(
+                "SELECT document FROM assignments WHERE device = %s AND model = %s",
+                (device, model),
+            ).fetchone()
+        return None if row is None else load_document(row[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+    def __repr__(self) -> str:
+        return f"PostgresRegistry({self.where!r})"

@@ -1,0 +1,254 @@
+"""The SQLite registry: the default, one file, no server.
+
+Concurrency: WAL journal (readers never block the writer), one connection
+per thread (``sqlite3`` connections are not for sharing), and every write in
+a ``BEGIN IMMEDIATE`` transaction, which takes the database's write lock
+before the first read. So ``add_version``'s "above the latest?" check and
+its insert see the same state even with several publishers in several
+processes: the second one waits for the lock (``busy_timeout``) and then
+sees the first one's version.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .._errors import ModelNotFoundError, RegistryError, VersionConflictError
+from ._base import Registry, VersionRecord
+from ._rows import (
+    assignment_fields,
+    check_name,
+    check_version,
+    dump_document,
+    load_document,
+    manifest_fields,
+    now_text,
+    record_from_row,
+)
+
+__all__ = ["SqliteRegistry"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS models (
+    name TEXT PRIMARY KEY,
+    latest_version INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS versions (
+    name TEXT NOT NULL REFERENCES models(name),
+    version INTEGER NOT NULL,
+    manifest TEXT NOT NULL,
+    blob_digest TEXT NOT NULL,
+    published_at TEXT NOT NULL,
+    PRIMARY KEY (name, version)
+);
+CREATE TABLE IF NOT EXISTS assignments (
+    device TEXT NOT NULL,
+    model TEXT NOT NULL,
+    document TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (device, model)
+);
+"""
+_COLUMNS = "name, version, manifest, blob_digest, published_at"
+_BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another's transaction
+
+
+class SqliteRegistry(Registry):
+    """A registry in one SQLite file (created, with its tables, when missing).
+
+    ``create=False`` refuses a missing file instead, so that a read-only
+    command with a mistyped path does not leave an empty registry behind.
+    """
+
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+        self.path = Path(path)
+        if not create and not self.path.is_file():
+            raise RegistryError(f"no registry at {self.path}")
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RegistryError(f"cannot create {self.path.parent}: {e}") from e
+        with self._errors("create the tables"):
+            self._connection().executescript(_SCHEMA)
+
+    # -- connections -------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        with self._lock:
+            if self._closed:
+                raise RegistryError(f"registry {self.path} is closed")
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves.
+            # check_same_thread=False only so that close() may close every thread's connection.
+            conn = sqlite3.connect(
+                self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            )
+            self._connections.append(conn)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA foreign_keys=ON")
+        conn.execute("PRAGMA synchronous=NORMAL")  # durable in WAL mode up to the last commit
+        self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def _errors(self, action: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise RegistryError(f"registry {self.path}: cannot {action}: {e}") from e
+
+    @contextmanager
+    def _write(self, action: str) -> Iterator[sqlite3.Connection]:
+        """A ``BEGIN IMMEDIATE`` transaction, committed on success, rolled back on any error."""
+        with self._errors(action):
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    # -- Registry ----------------------------------------------------------
+
+    def add_version(self, signed_manifest: dict[str, Any]) -> VersionRecord:
+        manifest = manifest_fields(signed_manifest)
+        text = dump_document(signed_manifest)
+        with self._write(f"add {manifest.name}@{manifest.version}") as conn:
+            row = conn.execute(
+                "SELECT latest_version FROM models WHERE name = ?", (manifest.name,)
+            ).fetchone()
+            latest = 0 if row is None else int(row[0])
+            if manifest.version <= latest:
+                raise VersionConflictError(
+                    f"{manifest.name}@{manifest.version} is not above the latest version "
+                    f"{latest} (versions only grow, deleted ones included)"
+                )
+            conn.execute(
+                "INSERT INTO models (name, latest_version) VALUES (?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET latest_version = excluded.latest_version",
+                (manifest.name, manifest.version),
+            )
+            conn.execute(
+                f"INSERT INTO versions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?)",
+                (
+                    manifest.name,
+                    manifest.version,
+                    text,
+                    manifest.blob.digest,
+                    manifest.published_at,
+                ),
+            )
+        return VersionRecord(
+            name=manifest.name,
+            version=manifest.version,
+            manifest=load_document(text),
+            blob_digest=manifest.blob.digest,
+            published_at=manifest.published_at,
+        )
+
+    def get_version(self, name: str, version: int | None = None) -> VersionRecord:
+        check_name(name, "model name")
+        with self._errors(f"read {name}"):
+            if version is None:
+                row = (
+                    self._connection()
+                    .execute(
+                        f"SELECT {_COLUMNS} FROM versions WHERE name = ? "
+                        "ORDER BY version DESC LIMIT 1",
+                        (name,),
+                    )
+                    .fetchone()
+                )
+            else:
+                row = (
+                    self._connection()
+                    .execute(
+                        f"SELECT {_COLUMNS} FROM versions WHERE name = ? AND version = ?",
+                        (name, check_version(version)),
+                    )
+                    .fetchone()
+                )
+        if row is None:
+            what = name if version is None else f"{name}@{version}"
+            raise ModelNotFoundError(f"no model version {what} in the registry")
+        return record_from_row(row)
+
+    def list_models(self) -> list[str]:
+        with self._errors("list models"):
+            rows = (
+                self._connection()
+                .execute("SELECT DISTINCT name FROM versions ORDER BY name")
+                .fetchall()
+            )
+        return [r[0] for r in rows]
+
+    def list_versions(self, name: str) -> list[VersionRecord]:
+        check_name(name, "model name")
+        with self._errors(f"list {name}"):
+            conn = self._connection()
+            known = conn.execute("SELECT 1 FROM models WHERE name = ?", (name,)).fetchone()
+            rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM versions WHERE name = ? ORDER BY version", (name,)
+            ).fetchall()
+        if known is None:
+            raise ModelNotFoundError(f"no model {name!r} in the registry")
+        return [record_from_row(r) for r in rows]
+
+    def delete_version(self, name: str, version: int) -> None:
+        check_name(name, "model name")
+        check_version(version)
+        with self._write(f"delete {name}@{version}") as conn:
+            gone = conn.execute(
+                "DELETE FROM versions WHERE name = ? AND version = ?", (name, version)
+            ).rowcount
+        if not gone:
+            raise ModelNotFoundError(f"no model version {name}@{version} in the registry")
+
+    def put_assignment(self, device: str, model: str, signed_assignment: dict[str, Any]) -> None:
+        assignment_fields(device, model, signed_assignment)
+        text = dump_document(signed_assignment)
+        with self._write(f"assign {model} to {device}") as conn:
+            conn.execute(
+                "INSERT INTO assignments (device, model, document, updated_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (device, model) DO UPDATE SET "
+                "document = excluded.document, updated_at = excluded.updated_at",
+                (device, model, text, now_text()),
+            )
+
+    def get_assignment(self, device: str, model: str) -> dict[str, Any] | None:
+        check_name(device, "device id")
+        check_name(model, "model name")
+        with self._errors(f"read the assignment of {model} to {device}"):
+            row = (
+                self._connection()
+                .execute(
+                    "SELECT document FROM assignments WHERE device = ? AND model = ?",
+                    (device, model),
+                )
+                .fetchone()
+            )
+        return None if row is None else load_document(row[0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            conn.close()
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        return f"SqliteRegistry({str(self.path)!r})"
