@@ -178,6 +178,7 @@ def _print_published(result: Any) -> None:
         ("float size", size_text(report.get("float_bytes"))),
         (f"quantized size ({report.get('method', '?')})", size_text(report.get("quantized_bytes"))),
         ("compressed size", size_text(manifest.blob.size)),
+        ("compressed / float", _share(manifest.blob.size, report.get("float_bytes"))),
         ("delta size", f"{size_text(delta.size)} from v{delta.from_version}" if delta else "—"),
         ("agreement", ratio_text(report.get("agreement"))),
         ("accuracy", ratio_text(report.get("accuracy"))),
@@ -185,3 +186,7 @@ def _print_published(result: Any) -> None:
     for row in rows:
         table.add_row(*row)
     Console().print(table)
+
+
+def _share(part: int, whole: object) -> str:
+    return f"{part / whole:.1%}" if isinstance(whole, int) and whole > 0 else "—"

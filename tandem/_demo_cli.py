@@ -136,9 +136,25 @@ def demo(
     }
     output.mkdir(parents=True, exist_ok=True)
     (output / "report.json").write_text(json.dumps(summary, indent=2, default=str))
+    _write_publish_inputs(output, report.edge_float_onnx, report.cloud_onnx)
     console.print(
         f"collaborative: {collab.accuracy:.2%} accuracy at {collab.offload_rate:.1%} offloaded "
         f"(edge-only {edge.accuracy:.2%}, cloud-only {cloud.accuracy:.2%}; "
         f"{recovered:.0%} of the gap recovered at a {budget:.0%} budget)"
     )
     console.print(f"plot: {png}   report: {output / 'report.json'}   took {report.elapsed_s:.1f} s")
+
+
+def _write_publish_inputs(output: Path, edge_float: Path, cloud: Path) -> None:
+    """What `tandem models publish` needs to publish the demo's models (see the README)."""
+    import shutil
+
+    import numpy as np
+
+    from ._data import load_digit_splits
+
+    splits = load_digit_splits()
+    np.savez(output / "calibration.npz", inputs=splits.calibration_images)
+    np.savez(output / "validation.npz", inputs=splits.test_images, labels=splits.test_labels)
+    shutil.copyfile(edge_float, output / "edge_float.onnx")
+    shutil.copyfile(cloud, output / "cloud_float.onnx")

@@ -71,6 +71,8 @@ class DemoReport:
     model_report: dict[str, object]
     broker: str
     elapsed_s: float
+    edge_float_onnx: Path  # the float edge model, for `tandem models publish`
+    cloud_onnx: Path
 
 
 def run_demo(config: DemoConfig, progress: Progress | None = None) -> DemoReport:
@@ -127,6 +129,8 @@ def run_demo(config: DemoConfig, progress: Progress | None = None) -> DemoReport
         model_report=dict(models.report),
         broker=config.broker_url or "embedded amqtt",
         elapsed_s=time.perf_counter() - started,
+        edge_float_onnx=models.edge_float_onnx,
+        cloud_onnx=models.cloud_onnx,
     )
 
 
