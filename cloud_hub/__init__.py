@@ -11,9 +11,14 @@ Quick start::
 The pieces: ``ModelRepository`` (Triton-like directories, see ``ModelConfig``)
 → executors (``OnnxExecutor``, ``TorchExecutor``, ``CallableExecutor``)
 → ``DynamicBatcher`` (one per model) ← ``MqttWorker`` (requests in, replies
-out), all owned by ``Hub``. Errors derive from ``HubError``; each carries the
-wire ``ErrorCode`` a device receives.
+out), all owned by ``Hub``, whose ``HubMetrics`` (``hub.prometheus``) keeps
+its Prometheus registry. ``cloud_hub.http`` serves the same hub over HTTP
+(the Open Inference Protocol v2, and ``/metrics``); it is imported on first
+use, since it pulls in FastAPI and uvicorn. Errors derive from ``HubError``;
+each carries the wire ``ErrorCode`` a device receives.
 """
+
+import importlib as _importlib
 
 from ._batcher import DynamicBatcher, InferenceResult, ResultFuture
 from ._config import ModelConfig, TensorSpec
@@ -34,6 +39,7 @@ from ._errors import (
 )
 from ._metrics import BatcherMetrics, BatcherStats
 from ._mqtt_worker import MqttWorker
+from ._prometheus import HubMetrics
 from ._repository import ModelRepository, ServedModel
 from ._server import Hub
 from .executors import CallableExecutor, Executor, OnnxExecutor, TorchExecutor
@@ -50,6 +56,7 @@ __all__ = [
     "ExecutorError",
     "Hub",
     "HubError",
+    "HubMetrics",
     "HubStoppingError",
     "InferenceResult",
     "InvalidRequestError",
@@ -67,4 +74,11 @@ __all__ = [
     "TensorSpec",
     "TorchExecutor",
     "error_code",
+    "http",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "http":  # the HTTP API, loaded when first used
+        return _importlib.import_module(f"{__name__}.http")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

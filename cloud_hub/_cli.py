@@ -7,12 +7,20 @@ library never needs it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from ._server import Hub
+    from .http import HttpServer
 
 __all__ = ["hub", "main"]
 
@@ -58,19 +66,40 @@ def hub(
     prefix: Annotated[
         str, typer.Option(help="Topic prefix; must match the devices' prefix.")
     ] = "tandem/v1",
+    http_port: Annotated[
+        int,
+        typer.Option(
+            help="Port of the HTTP API (Open Inference Protocol v2, as Triton and KServe "
+            "speak it, plus /metrics for Prometheus); 0 turns it off.",
+        ),
+    ] = 8000,
+    http_host: Annotated[
+        str,
+        typer.Option(
+            help="Address the HTTP API listens on; 0.0.0.0 for every interface. It has "
+            "no authentication yet: expose it behind a proxy that adds it."
+        ),
+    ] = "127.0.0.1",
     log_level: Annotated[str, typer.Option(help=f"Logging level: {', '.join(_LEVELS)}.")] = "info",
 ) -> None:
     """Serve a model repository to edge devices over MQTT, batching on the GPU when present.
 
     Devices publish requests on <prefix>/infer/<model>; the hub batches them per
-    model and answers on each request's reply topic. Run several hubs with the
-    same --share-group to scale out. Stop with Ctrl-C or SIGTERM: queued requests
-    are answered "overloaded" so devices fall back at once.
+    model and answers on each request's reply topic. The same models answer over
+    HTTP on --http-port (POST /v2/models/<model>/infer, any KServe v2 / Triton
+    client), batched together with the MQTT requests; GET /metrics is for
+    Prometheus. Run several hubs with the same --share-group to scale out. Stop
+    with Ctrl-C or SIGTERM: queued requests are answered "overloaded" so devices
+    fall back at once.
 
-    Example: tandem hub --repo ./models --broker mqtt://broker:1883
+    Example: tandem hub --repo ./models --broker mqtt://broker:1883 --http-port 8000
     """
     if log_level.lower() not in _LEVELS:
         raise typer.BadParameter(f"use one of {', '.join(_LEVELS)}", param_hint="--log-level")
+    if not 0 <= http_port <= 65535:
+        raise typer.BadParameter(
+            "use a port from 1 to 65535, or 0 for none", param_hint="--http-port"
+        )
     logging.basicConfig(
         level=log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -89,10 +118,40 @@ def hub(
             limits=Limits(),
             connect_timeout_s=None,  # a hub started before its broker waits for it
         )
-        server.run_forever()
+        # SIGTERM while starting (loading models, importing the HTTP stack) is a clean stop.
+        with _stop_on_signals(server), server:  # the hub first: HTTP's first request finds it
+            http = _start_http(server, http_host, http_port)
+            try:
+                server.run_forever()  # the hub stops first: late HTTP requests get 503
+            finally:
+                if http is not None:
+                    http.stop()
     except TandemError as e:
         typer.echo(f"tandem hub: {e}", err=True)
         raise typer.Exit(1) from e
+
+
+@contextlib.contextmanager
+def _stop_on_signals(server: Hub) -> Iterator[None]:
+    """Until ``run_forever`` installs its own handlers, SIGINT/SIGTERM ask it to stop."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda *_: server.request_stop()) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _start_http(server: Hub, host: str, port: int) -> HttpServer | None:
+    if not port:
+        return None
+    from .http import HttpServer, create_app  # FastAPI and uvicorn only when HTTP is on
+
+    return HttpServer(create_app(server), host=host, port=port).start()
 
 
 def main() -> None:

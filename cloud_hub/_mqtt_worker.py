@@ -25,6 +25,11 @@ without shared subscriptions. paho reconnects with backoff
 (``connect_async`` + ``loop_start``); ``_on_connect`` subscribes again on every
 connection because sessions are not kept. On MQTT 5 connections replies also
 carry correlation data and a message expiry equal to the time left.
+
+``on_reply`` (optional) hears of every reply just before it is published,
+on the reply thread, so metrics count a request by what its device is told
+(the hub passes ``HubMetrics.record``); an exception there is logged, never
+raised, and the reply still goes out.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -63,7 +68,7 @@ from ._wire import ReplyTarget, error_reply, reply_topic_allowed, salvage_target
 if TYPE_CHECKING:
     import paho.mqtt.client as paho
 
-__all__ = ["MqttWorker", "SubmitFn"]
+__all__ = ["MqttWorker", "ReplyObserver", "SubmitFn"]
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +77,21 @@ SubmitFn = Callable[
     concurrent.futures.Future[InferenceResult],
 ]
 """``submit(model, version, inputs, deadline)``: queue a request or raise ``HubError``."""
+
+
+class ReplyObserver(Protocol):
+    """Told of each reply: its request's model and version, receipt time, code and result."""
+
+    def __call__(
+        self,
+        model: str,
+        version: str | None,
+        *,
+        received: float,
+        error: ErrorCode,
+        result: InferenceResult | None,
+    ) -> None: ...
+
 
 _STOP = object()
 Outcome = concurrent.futures.Future[InferenceResult] | BaseException
@@ -91,8 +111,10 @@ class MqttWorker:
         client_id: str | None = None,
         protocol: Literal["5", "3.1.1"] | None = None,
         max_inflight_replies: int = 256,
+        on_reply: ReplyObserver | None = None,
     ) -> None:
         self._submit = submit
+        self._on_reply = on_reply
         self.settings = mqtt
         self.topics = topics or Topics()
         self.limits = limits or Limits()
@@ -306,9 +328,28 @@ class MqttWorker:
                 return
             target, outcome = item
             try:
-                self._publish(target, self._reply_for(target, outcome))
+                encoded = self._reply_for(target, outcome)
+                self._observe(target, encoded[0], outcome)
+                self._publish(target, encoded)
             except Exception:
                 log.exception("could not reply to request %s", target.request_id)
+
+    def _observe(self, target: ReplyTarget, reply: Message, outcome: Outcome) -> None:
+        if self._on_reply is None:
+            return
+        result = None
+        if reply.error is ErrorCode.OK and isinstance(outcome, concurrent.futures.Future):
+            result = outcome.result(timeout=0)  # an OK reply was built from this result
+        try:
+            self._on_reply(
+                target.model,
+                target.model_version,
+                received=target.received,
+                error=reply.error,
+                result=result,
+            )
+        except Exception:
+            log.exception("on_reply failed for request %s", target.request_id)
 
     def _reply_for(self, target: ReplyTarget, outcome: Outcome) -> tuple[Message, bytes]:
         if isinstance(outcome, concurrent.futures.Future):

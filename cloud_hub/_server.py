@@ -9,11 +9,15 @@ flush replies and disconnect, then release the models. A failure in
 ``start`` stops whatever had started before it is raised.
 
 ``submit`` is the in-process entry point (the MQTT worker uses it, and so
-can an HTTP front end or a benchmark).
+do the HTTP API in ``cloud_hub.http`` and benchmarks): requests from every
+transport meet in the same batchers and batch together. ``prometheus`` holds
+the hub's metrics (``_prometheus``): the transports record their answers
+there, and ``submit`` has every request's queue and compute time observed.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
@@ -31,6 +35,7 @@ from ._config import ModelConfig
 from ._errors import HubStoppingError, ModelNotFoundError
 from ._metrics import BatcherStats
 from ._mqtt_worker import MqttWorker
+from ._prometheus import HubMetrics
 from ._repository import ModelRepository, ServedModel
 from .executors import Executor
 
@@ -80,6 +85,7 @@ class Hub:
         self._lock = threading.Lock()
         self._running = False
         self._stop_requested = threading.Event()
+        self.prometheus = HubMetrics(self.batchers)
 
     # -- models ---------------------------------------------------------------------------
 
@@ -120,11 +126,23 @@ class Hub:
         batcher = self._batchers.get(served.name)
         if batcher is None or batcher.version != served.version:
             raise ModelNotFoundError(f"model {served.label} is still being loaded")
-        return batcher.submit(inputs, deadline)
+        future = batcher.submit(inputs, deadline)
+        future.add_done_callback(self.prometheus.observe_computed)
+        return future
 
     def metrics(self) -> dict[str, BatcherStats]:
         """A snapshot of each model's batcher counters, keyed by ``name@version``."""
         return {b.label: b.metrics.snapshot() for b in list(self._batchers.values())}
+
+    def batchers(self) -> list[DynamicBatcher]:
+        """The batchers serving now, one per model (for readiness checks and metrics)."""
+        with self._lock:
+            return list(self._batchers.values())
+
+    @property
+    def running(self) -> bool:
+        """True between ``start`` and ``stop``: ``submit`` takes requests."""
+        return self._running
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -146,6 +164,7 @@ class Hub:
                     share_group=self.share_group,
                     limits=self.limits,
                     client_id=self.client_id,
+                    on_reply=functools.partial(self.prometheus.record, "mqtt"),
                 )
                 self.worker.start(wait_s=self.connect_timeout_s)
         except BaseException:

@@ -25,6 +25,8 @@ class HubProcess:
             broker_url,
             "--log-level",
             "warning",
+            "--http-port",
+            "0",  # MQTT only: parallel runs must not fight over a fixed HTTP port
             *extra,
         ]
         self.log = log

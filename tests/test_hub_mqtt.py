@@ -409,6 +409,8 @@ def test_a_hub_process_killed_with_sigkill_is_replaced_by_a_new_one(
         f"g{uuid.uuid4().hex[:6]}",
         "--log-level",
         "warning",
+        "--http-port",
+        "0",
     ]
 
     def start() -> subprocess.Popen[bytes]:

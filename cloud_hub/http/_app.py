@@ -1,0 +1,469 @@
+"""The hub's HTTP API: the Open Inference Protocol v2 (KServe / Triton) and Prometheus metrics.
+
+Routes (``[/versions/{v}]`` is optional; without it the served version answers)::
+
+    GET  /v2                                       server metadata (extensions: binary_tensor_data)
+    GET  /v2/health/live                           200 {"live": true} while the process serves
+    GET  /v2/health/ready                          200 {"ready": true}; 503 while not serving
+    GET  /v2/models/{name}[/versions/{v}]          model metadata; 404 if not served
+    GET  /v2/models/{name}[/versions/{v}]/ready    200 {"name", "ready": true}; 503; 404
+    POST /v2/models/{name}[/versions/{v}]/infer    inference: JSON, or JSON + binary tensors
+    GET  /metrics                                  the hub's Prometheus registry (``_prometheus``)
+    GET  /openapi.json, /docs                      the OpenAPI document of the JSON protocol
+
+Errors are ``{"error": "..."}`` with the status of the hub's wire code:
+400 bad_request / invalid_input (malformed JSON, wrong datatype or shape,
+binary sizes that do not add up, a bad header length), 404 unknown_model,
+413 too_large (the body, its JSON part or a tensor above the limits, or more
+rows than max_batch_size; the body's Content-Length is checked before
+reading, the streamed length while reading), 415 a Content-Encoding other
+than identity, 503 overloaded or not serving (with Retry-After), 504
+deadline_exceeded (Triton's request parameter ``timeout``, microseconds), 500
+only when the model itself failed or its outputs cannot be encoded.
+
+Why async routes in front of a threaded hub: an infer route awaits its
+``ResultFuture`` without holding a thread, so as many requests as clients
+send wait in the batcher at once and batch together (with the MQTT ones:
+both call ``Hub.submit``). Bodies above ``_OFFLOAD_BYTES`` are decoded and
+encoded in a worker thread so that one large JSON body does not stall the
+loop. Every infer outcome is counted in ``hub.prometheus`` with
+``transport="http"``.
+
+``dependencies`` (FastAPI ``Depends``) run before every ``/v2`` route, not
+``/metrics`` (scraped from inside the network): the place for API keys and
+rate limits, which this module does not decide yet. Until then the CLI
+listens on loopback unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+from pydantic.json_schema import models_json_schema
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from shared import ErrorCode, LimitExceededError, ProtocolError, TensorError
+
+from .._errors import (
+    BadRequestError,
+    ExecutorError,
+    HubError,
+    HubStoppingError,
+    InvalidRequestError,
+    error_code,
+)
+from .._repository import ServedModel
+from .._server import Hub
+from ._codec import (
+    HEADER_LENGTH,
+    InferRequest,
+    decode_infer_request,
+    encode_infer_response,
+    parse_header_length,
+)
+from ._schemas import (
+    ErrorResponse,
+    InferenceRequest,
+    InferenceResponse,
+    LiveResponse,
+    ModelMetadata,
+    ModelReadyResponse,
+    ReadyResponse,
+    ServerMetadata,
+)
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "SERVER_NAME", "create_app"]
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+DEFAULT_MAX_BODY_BYTES = 64 * MiB
+# JSON tensors cost ~8-30x their text in Python objects: large tensors go binary.
+DEFAULT_MAX_JSON_BYTES = 16 * MiB
+SERVER_NAME = "tandem-hub"
+EXTENSIONS = ("binary_tensor_data",)
+_OFFLOAD_BYTES = 256 * 1024
+_RETRY_AFTER_S = "1"
+_STATUS = {
+    ErrorCode.BAD_REQUEST: 400,
+    ErrorCode.INVALID_INPUT: 400,
+    ErrorCode.UNKNOWN_MODEL: 404,
+    ErrorCode.TOO_LARGE: 413,
+    ErrorCode.OVERLOADED: 503,
+    ErrorCode.DEADLINE_EXCEEDED: 504,
+    ErrorCode.INTERNAL: 500,
+}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": what}
+    for status, what in {
+        400: "Malformed request: JSON, datatype, shape, binary sizes or header length.",
+        404: "No such model or version is served here.",
+        413: "Body, JSON part or a tensor above the server's limits.",
+        503: "Overloaded or not serving; retry after Retry-After seconds.",
+        504: "The request's deadline (parameter 'timeout', µs) passed before compute.",
+        500: "The model failed.",
+    }.items()
+}
+_T = TypeVar("_T")
+
+
+class _UnsupportedEncodingError(BadRequestError):
+    """A compressed request body (Content-Encoding other than identity): answered 415."""
+
+
+def create_app(
+    hub: Hub,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
+    dependencies: Sequence[Any] = (),
+) -> FastAPI:
+    """The FastAPI app serving ``hub`` (which the caller starts and stops)."""
+    if max_body_bytes <= 0 or max_json_bytes <= 0:
+        raise ValueError("max_body_bytes and max_json_bytes must be positive")
+    api = _InferenceApi(hub, max_body_bytes=max_body_bytes, max_json_bytes=max_json_bytes)
+    app = FastAPI(
+        title="Tandem hub: Open Inference Protocol v2",
+        version=_server_version(),
+        description="KServe v2 / Triton HTTP inference with the binary tensor data extension.",
+    )
+    router = APIRouter(prefix="/v2", dependencies=list(dependencies))
+    router.add_api_route("", api.server_metadata, methods=["GET"], response_model=ServerMetadata)
+    router.add_api_route("/health/live", api.live, methods=["GET"], response_model=LiveResponse)
+    router.add_api_route(
+        "/health/ready",
+        api.ready,
+        methods=["GET"],
+        response_model=ReadyResponse,
+        responses={503: _ERRORS[503]},
+    )
+    for path, handlers in (
+        ("/models/{model_name}", _unversioned(api)),
+        ("/models/{model_name}/versions/{model_version}", _versioned(api)),
+    ):
+        metadata, ready, infer = handlers
+        router.add_api_route(
+            path,
+            metadata,
+            methods=["GET"],
+            response_model=ModelMetadata,
+            responses={404: _ERRORS[404]},
+        )
+        router.add_api_route(
+            path + "/ready",
+            ready,
+            methods=["GET"],
+            response_model=ModelReadyResponse,
+            responses={404: _ERRORS[404], 503: _ERRORS[503]},
+        )
+        router.add_api_route(
+            path + "/infer",
+            infer,
+            methods=["POST"],
+            response_class=Response,
+            responses={200: _INFER_RESPONSE, **_ERRORS},
+            openapi_extra={"requestBody": _INFER_BODY},
+        )
+    app.include_router(router)
+    app.add_api_route(
+        "/metrics",
+        api.metrics,
+        methods=["GET"],
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format."}},
+    )
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HubError, _hub_error)
+    app.openapi = _openapi_with_protocol_schemas(app)  # type: ignore[method-assign]
+    return app
+
+
+_HeaderLength = Annotated[
+    str | None,
+    Header(
+        alias=HEADER_LENGTH,
+        description="Bytes of JSON at the start of the body; binary tensors follow.",
+    ),
+]
+_Handlers = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]
+
+
+def _unversioned(api: _InferenceApi) -> _Handlers:
+    """Handlers of /v2/models/{model_name}/...: the served version answers."""
+
+    async def metadata(model_name: str) -> Any:
+        return await api.model_metadata(model_name, None)
+
+    async def ready(model_name: str) -> Any:
+        return await api.model_ready(model_name, None)
+
+    async def infer(request: Request, model_name: str, header: _HeaderLength = None) -> Response:
+        return await api.infer(request, model_name, None, header)
+
+    return metadata, ready, infer
+
+
+def _versioned(api: _InferenceApi) -> _Handlers:
+    """Handlers of /v2/models/{model_name}/versions/{model_version}/..."""
+
+    async def metadata(model_name: str, model_version: str) -> Any:
+        return await api.model_metadata(model_name, model_version)
+
+    async def ready(model_name: str, model_version: str) -> Any:
+        return await api.model_ready(model_name, model_version)
+
+    async def infer(
+        request: Request, model_name: str, model_version: str, header: _HeaderLength = None
+    ) -> Response:
+        return await api.infer(request, model_name, model_version, header)
+
+    return metadata, ready, infer
+
+
+class _InferenceApi:
+    """The route handlers, over one hub."""
+
+    def __init__(self, hub: Hub, *, max_body_bytes: int, max_json_bytes: int) -> None:
+        self.hub = hub
+        self.max_body_bytes = max_body_bytes
+        self.max_json_bytes = max_json_bytes
+
+    async def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": _server_version(), "extensions": list(EXTENSIONS)}
+
+    async def live(self) -> dict[str, Any]:
+        return {"live": True}
+
+    async def ready(self) -> Any:
+        waiting = [m.label for m in self.hub.repository if not self._model_ready(m)]
+        if not self.hub.running or waiting:
+            why = "the hub is not running" if not self.hub.running else f"loading {waiting}"
+            return _error_response(503, f"not ready: {why}")
+        return {"ready": True}
+
+    async def model_metadata(self, model_name: str, model_version: str | None) -> Any:
+        served = self.hub.repository.get(model_name, model_version)
+        batched = served.config.batched
+
+        def tensors(specs: Sequence[Any] | None) -> list[dict[str, Any]]:
+            return [
+                {
+                    "name": s.name,
+                    "datatype": s.datatype,
+                    "shape": [-1, *s.dims] if batched else list(s.dims),
+                }
+                for s in specs or ()
+            ]
+
+        return {
+            "name": served.name,
+            "versions": [served.version],
+            "platform": served.config.platform or served.executor.platform,
+            "inputs": tensors(served.config.inputs),
+            "outputs": tensors(served.config.outputs),
+        }
+
+    async def model_ready(self, model_name: str, model_version: str | None) -> Any:
+        served = self.hub.repository.get(model_name, model_version)
+        if not self._model_ready(served):
+            return _error_response(503, f"model {served.label} is not ready")
+        return {"name": served.name, "ready": True}
+
+    async def infer(
+        self,
+        request: Request,
+        model_name: str,
+        model_version: str | None,
+        inference_header_content_length: str | None,
+    ) -> Response:
+        received = time.monotonic()
+        try:
+            body = await _read_body(request, self.max_body_bytes)
+            encoding = request.headers.get("content-encoding", "identity").strip().lower()
+            if encoding not in ("", "identity"):
+                raise _UnsupportedEncodingError(
+                    f"Content-Encoding {encoding!r:.40} is not supported; send the body as is"
+                )
+            header_length = parse_header_length(
+                inference_header_content_length, len(body), max_json_bytes=self.max_json_bytes
+            )
+            if not self.hub.running:
+                raise HubStoppingError("the hub is not serving; try again shortly")
+            served = self.hub.repository.get(model_name, model_version)
+            decoded = await _maybe_offload(
+                len(body), decode_infer_request, body, header_length, limits=self.hub.limits
+            )
+            _check_outputs(served, decoded)
+            deadline = None if decoded.timeout_us is None else received + decoded.timeout_us / 1e6
+            result = await self.hub.submit(
+                model_name, decoded.inputs, version=model_version, deadline=deadline
+            )
+            try:
+                content, json_length = await _maybe_offload(
+                    sum(a.nbytes for a in result.outputs.values()),
+                    encode_infer_response,
+                    result.outputs,
+                    model=result.model,
+                    version=result.model_version,
+                    request_id=decoded.id,
+                    requested=decoded.outputs,
+                    binary_output=decoded.binary_output,
+                )
+            except TensorError as e:  # the model's outputs, not the request, are at fault
+                raise ExecutorError(f"cannot encode {served.label}'s outputs: {e}") from e
+        except Exception as e:  # every failure becomes its status; asyncio cancellation passes
+            status, code, message = _describe(e)
+            self.hub.prometheus.record(
+                "http", model_name, model_version, received=received, error=code
+            )
+            return _error_response(status, message)
+        self.hub.prometheus.record(
+            "http", model_name, model_version, received=received, result=result
+        )
+        if json_length is None:
+            return Response(content, media_type="application/json")
+        return Response(
+            content,
+            media_type="application/octet-stream",
+            headers={HEADER_LENGTH: str(json_length)},
+        )
+
+    def metrics(self) -> Response:  # sync: FastAPI runs it in a worker thread
+        return Response(
+            self.hub.prometheus.render(),
+            headers={"Content-Type": self.hub.prometheus.content_type},
+        )
+
+    def _model_ready(self, served: ServedModel) -> bool:
+        return self.hub.running and any(
+            b.model == served.name and b.version == served.version and b.running
+            for b in self.hub.batchers()
+        )
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) as soon as its declared or streamed length passes ``limit``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+        raise LimitExceededError(f"a body of {declared} bytes is above the limit of {limit}")
+    body = bytearray()
+    async for chunk in request.stream():
+        if len(body) + len(chunk) > limit:
+            raise LimitExceededError(f"the body is above the limit of {limit} bytes")
+        body += chunk
+    return bytes(body)
+
+
+async def _maybe_offload(size: int, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    if size > _OFFLOAD_BYTES:
+        return await run_in_threadpool(fn, *args, **kwargs)
+    return fn(*args, **kwargs)
+
+
+def _check_outputs(served: ServedModel, request: InferRequest) -> None:
+    """Refuse unknown requested outputs before compute, not after."""
+    if request.outputs is None or not served.config.outputs:
+        return
+    known = {s.name for s in served.config.outputs}
+    unknown = [o.name for o in request.outputs if o.name not in known]
+    if unknown:
+        raise InvalidRequestError(
+            f"model {served.label} has no output {unknown[0]!r}; it has {sorted(known)}"
+        )
+
+
+def _describe(error: Exception) -> tuple[int, ErrorCode, str]:
+    """HTTP status, wire code and message for an infer failure."""
+    if isinstance(error, _UnsupportedEncodingError):
+        return 415, ErrorCode.BAD_REQUEST, str(error)
+    code = error_code(error)
+    if isinstance(error, HubError | ProtocolError):
+        return _STATUS[code], code, str(error) or type(error).__name__
+    log.exception("unexpected error serving an HTTP inference request", exc_info=error)
+    return 500, ErrorCode.INTERNAL, "internal server error"
+
+
+def _error_response(status: int, message: str) -> JSONResponse:
+    headers = {"Retry-After": _RETRY_AFTER_S} if status == 503 else None
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+async def _hub_error(_request: Request, exc: Exception) -> Response:
+    status, _code, message = _describe(exc)
+    return _error_response(status, message)
+
+
+async def _http_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    response = _error_response(exc.status_code, str(exc.detail))
+    for key, value in (exc.headers or {}).items():
+        response.headers[key] = value
+    return response
+
+
+async def _validation_error(_request: Request, exc: Exception) -> Response:
+    return _error_response(400, f"invalid request: {exc}")
+
+
+def _server_version() -> str:
+    try:
+        return importlib.metadata.version("tandem")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+_INFER_RESPONSE: dict[str, Any] = {
+    "model": InferenceResponse,
+    "description": "JSON ($inference_response), or with binary outputs: JSON of "
+    "Inference-Header-Content-Length bytes, then each binary output's bytes "
+    "(application/octet-stream).",
+    "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+}
+_INFER_BODY: dict[str, Any] = {
+    "required": True,
+    "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/InferenceRequest"}},
+        "application/octet-stream": {
+            "schema": {"type": "string", "format": "binary"},
+            "description": "Binary tensor data extension: the JSON request "
+            "(Inference-Header-Content-Length bytes), then each input with "
+            "parameters.binary_data_size, in input order, little-endian.",
+        },
+    },
+}
+
+
+def _openapi_with_protocol_schemas(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """FastAPI's document plus the request schemas the raw-body infer route cannot declare."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+            )
+            _, defs = models_json_schema(
+                [(InferenceRequest, "validation")], ref_template="#/components/schemas/{model}"
+            )
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for name, definition in defs.get("$defs", {}).items():
+                components.setdefault(name, definition)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    return openapi

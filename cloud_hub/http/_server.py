@@ -1,0 +1,124 @@
+"""uvicorn in a thread of its own, with ``start`` and ``stop``, beside the hub's other threads.
+
+Why a thread and not ``uvicorn.run``: the hub process is already a set of
+threads (batchers, MQTT, replies) with its own signal handling in
+``Hub.run_forever``; the HTTP server is one more part that starts after the
+hub and stops before it. The listening socket is bound here, in the caller's
+thread, so ``start`` raises at once when the port is taken (and ``port=0``
+gets a free port, read back from ``port``); uvicorn installs no signal
+handlers outside the main thread. ``stop`` asks uvicorn to exit: it stops
+accepting, lets requests in flight finish for up to ``graceful_timeout_s``,
+then closes the connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import threading
+import time
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+
+from .._errors import HubError
+
+__all__ = ["HttpServer"]
+
+log = logging.getLogger(__name__)
+
+
+class HttpServer:
+    """Serves an ASGI app (``create_app(hub)``) on ``host:port`` from a background thread."""
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        graceful_timeout_s: float = 5.0,
+    ) -> None:
+        self.app = app
+        self.host = host
+        self.port = port
+        self.graceful_timeout_s = graceful_timeout_s
+        self._server: uvicorn.Server | None = None
+        self._socket: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout_s: float = 10.0) -> HttpServer:
+        """Bind, start serving, and wait until uvicorn accepts. Raises ``HubError`` if not."""
+        if self._thread is not None:
+            return self
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+        except OSError as e:
+            sock.close()
+            raise HubError(f"HTTP: cannot listen on {self.host}:{self.port}: {e}") from e
+        self.port = int(sock.getsockname()[1])
+        self._socket = sock
+        config = uvicorn.Config(
+            self.app,
+            log_config=None,  # leave the process's logging as its owner set it up
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            ws="none",
+            timeout_graceful_shutdown=max(1, round(self.graceful_timeout_s)),
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._run, name="hub-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                error = self._error
+                self.stop()
+                raise HubError(
+                    f"HTTP: the server on {self.url} did not start"
+                    + (f": {error}" if error is not None else f" within {timeout_s}s")
+                ) from error
+            time.sleep(0.01)
+        log.info("HTTP API (Open Inference Protocol v2) on %s", self.url)
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop accepting, finish what is in flight, close. Safe to call twice."""
+        server, thread, sock = self._server, self._thread, self._socket
+        self._server = self._thread = self._socket = None
+        if server is not None:
+            server.should_exit = True
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+            if thread.is_alive():
+                log.warning("HTTP server on %s did not stop within %ss", self.url, timeout_s)
+        if sock is not None:
+            sock.close()
+
+    def _run(self) -> None:
+        assert self._server is not None and self._socket is not None
+        try:
+            asyncio.run(self._server.serve(sockets=[self._socket]))
+        except BaseException as e:  # reported by start(), or logged when serving ends badly
+            self._error = e
+            log.exception("HTTP server on %s stopped with an error", self.url)
+
+    def __enter__(self) -> HttpServer:
+        return self.start()
+
+    def __exit__(
+        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        self.stop()
