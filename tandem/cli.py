@@ -43,6 +43,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "cdn_app",
         "Serve models, manifests, blobs and assignments over HTTP.",
     ),
+    "fleet": (
+        "model_cdn._cli_fleet",
+        "fleet_app",
+        "Give devices MQTT passwords and write the broker's topic ACL (Mosquitto).",
+    ),
 }
 
 

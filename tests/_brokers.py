@@ -7,8 +7,6 @@ paths); its ``url`` then reads ``mqtts://``.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 import shutil
 import socket
@@ -17,6 +15,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from model_cdn._mqtt_acl import mosquitto_password_hash
 
 __all__ = [
     "BrokerTls",
@@ -43,16 +43,6 @@ def wait_for_port(port: int, timeout_s: float = 10.0) -> None:
         except OSError:
             time.sleep(0.02)
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s}s")
-
-
-def mosquitto_password_hash(
-    password: str, *, salt: bytes | None = None, iterations: int = 101
-) -> str:
-    """A Mosquitto 2 password hash: ``$7$<iterations>$<b64 salt>$<b64 PBKDF2-SHA512>``."""
-    salt = os.urandom(12) if salt is None else salt
-    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations, dklen=64)
-    b64 = base64.b64encode
-    return f"$7${iterations}${b64(salt).decode()}${b64(digest).decode()}"
 
 
 def write_password_file(

@@ -1,0 +1,235 @@
+"""Mosquitto credentials and topic ACLs for a Tandem fleet.
+
+Pure functions render the two files Mosquitto reads, ``password_file`` and
+``acl_file``; ``write_private_file`` is the one function that touches disk.
+
+Who may do what (``{p}`` is the topic prefix, ``%u`` the connecting username)::
+
+    every user (pattern)  write {p}/infer/+   {p}/dev/%u/status   {p}/dev/%u/telemetry
+                          read  {p}/dev/%u/reply   {p}/dev/%u/assign
+    user <hub>            read  {p}/infer/+
+                          write {p}/dev/+/reply
+    user <cdn>            write {p}/dev/+/assign
+                          read  {p}/dev/+/status   {p}/dev/+/telemetry
+
+Invariants:
+
+- A device's username is its device id, a ``shared.validate_name`` name, so
+  ``%u`` fills exactly one topic level and can never be a wildcard.
+- The hub and CDN users are distinct names; a device may not take either
+  (``check_device_names``), or it would inherit the service's rights.
+- ``merge_password_file`` keeps every line it does not replace, in order:
+  adding or rotating one user never drops another, and merging the same
+  update twice gives the same users.
+- No ``$share/…`` line: Mosquitto 2's acl_file does not check SUBSCRIBE at
+  all; it checks ``read`` per message against the published topic, so the
+  hub's ``$share/{group}/{p}/infer/+`` is served by ``read {p}/infer/+``. The
+  flip side: a device may join the hubs' share group and, picked in turn,
+  have requests dropped (denied delivery); see docs/mqtt-security.md.
+- Files are written whole (temporary file, ``fsync``, rename) with mode 0600.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import hashlib
+import hmac
+import os
+import secrets
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from shared import ConfigError, Topics, validate_name
+
+__all__ = [
+    "DEFAULT_ITERATIONS",
+    "check_device_names",
+    "generate_password",
+    "merge_password_file",
+    "mosquitto_password_hash",
+    "password_file_users",
+    "password_line",
+    "render_acl_file",
+    "verify_mosquitto_password",
+    "write_private_file",
+]
+
+# Mosquitto 2's own default (mosquitto_passwd). Our passwords carry 256 random
+# bits, which no iteration count needs to stretch, and a cheap hash keeps a
+# fleet-wide reconnect storm from pinning the broker's CPU.
+DEFAULT_ITERATIONS = 101
+_SALT_BYTES = 12  # what mosquitto_passwd uses
+_PASSWORD_BYTES = 32
+
+
+def mosquitto_password_hash(
+    password: str, *, salt: bytes | None = None, iterations: int = DEFAULT_ITERATIONS
+) -> str:
+    """A Mosquitto 2 password hash: ``$7$<iterations>$<b64 salt>$<b64 PBKDF2-SHA512>``."""
+    if iterations < 1:
+        raise ConfigError(f"iterations must be >= 1, got {iterations}")
+    salt = os.urandom(_SALT_BYTES) if salt is None else salt
+    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations, dklen=64)
+    b64 = base64.b64encode
+    return f"$7${iterations}${b64(salt).decode()}${b64(digest).decode()}"
+
+
+def verify_mosquitto_password(password_hash: str, password: str) -> bool:
+    """Whether ``password`` matches a ``$7$`` hash (as Mosquitto would decide)."""
+    parts = password_hash.split("$")
+    if len(parts) != 5 or parts[0] or parts[1] != "7" or not parts[2].isdigit():
+        return False
+    try:
+        salt = base64.b64decode(parts[3], validate=True)
+        expected = base64.b64decode(parts[4], validate=True)
+    except binascii.Error:
+        return False
+    got = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, int(parts[2]), dklen=64)
+    return hmac.compare_digest(got, expected)
+
+
+def generate_password() -> str:
+    """A fresh random password: 256 bits, URL-safe (no ``:``, spaces or ``%``)."""
+    return secrets.token_urlsafe(_PASSWORD_BYTES)
+
+
+def password_line(
+    user: str, password: str, *, salt: bytes | None = None, iterations: int = DEFAULT_ITERATIONS
+) -> str:
+    """One ``password_file`` line, newline included."""
+    validate_name(user, "MQTT username")
+    return f"{user}:{mosquitto_password_hash(password, salt=salt, iterations=iterations)}\n"
+
+
+def password_file_users(text: str) -> list[str]:
+    """The usernames of a password file, in file order; ``ConfigError`` if malformed."""
+    return [user for user, _ in _parse_password_file(text) if user is not None]
+
+
+def merge_password_file(text: str, lines: Iterable[str]) -> str:
+    """``text`` with each ``user:hash`` line of ``lines`` added or put in place of that user's.
+
+    Other users, blank lines and ``#`` comments stay where they were; new users
+    go at the end. A user named twice in ``lines`` keeps the last line.
+    """
+    updates: dict[str, str] = {}
+    for line in lines:
+        for user, raw in _parse_password_file(line):
+            if user is None:
+                raise ConfigError(f"not a password file line: {line!r:.80}")
+            updates[user] = raw
+    out: list[str] = []
+    for user, raw in _parse_password_file(text):
+        if user is not None and user in updates:
+            out.append(updates.pop(user))
+        else:
+            out.append(raw)
+    out.extend(updates.values())
+    return "".join(out)
+
+
+def _parse_password_file(text: str) -> list[tuple[str | None, str]]:
+    """(username or None for blank/comment lines, the line with a newline)."""
+    entries: list[tuple[str | None, str]] = []
+    seen: set[str] = set()
+    for number, line in enumerate(text.splitlines(), start=1):
+        raw = line + "\n"
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            entries.append((None, raw))
+            continue
+        user, sep, password_hash = line.partition(":")
+        if not sep or not user or not password_hash:
+            raise ConfigError(f"password file line {number} is not user:hash")
+        if user in seen:
+            raise ConfigError(f"password file names user {user!r:.80} twice (line {number})")
+        seen.add(user)
+        entries.append((user, raw))
+    return entries
+
+
+def check_device_names(devices: Iterable[str], *, hub_user: str, cdn_user: str) -> list[str]:
+    """The device ids, validated; ``ConfigError`` if one is a service user's name or repeats."""
+    names = list(devices)
+    for name in names:
+        validate_name(name, "device id")
+        if name in (hub_user, cdn_user):
+            raise ConfigError(
+                f"device id {name!r} is the {'hub' if name == hub_user else 'CDN'} user's name; "
+                "a device by that name would get the service's rights"
+            )
+    if len(set(names)) != len(names):
+        raise ConfigError("a device id is named twice")
+    return names
+
+
+def render_acl_file(
+    prefix: str = "tandem/v1", *, hub_user: str = "hub", cdn_user: str = "cdn"
+) -> str:
+    """The ``acl_file`` text for one deployment (see the module docstring)."""
+    p = Topics(prefix).prefix  # validates: no wildcards, no empty levels
+    validate_name(hub_user, "hub user")
+    validate_name(cdn_user, "CDN user")
+    if hub_user == cdn_user:
+        raise ConfigError("the hub and CDN users must be different")
+    return (
+        "# Generated by 'tandem fleet provision'; edits here are overwritten.\n"
+        "# Reload with: kill -HUP <mosquitto pid>\n"
+        "\n"
+        "# Devices (username = device id): requests out, own replies and assignments in.\n"
+        f"pattern write {p}/infer/+\n"
+        f"pattern write {p}/dev/%u/status\n"
+        f"pattern write {p}/dev/%u/telemetry\n"
+        f"pattern read {p}/dev/%u/reply\n"
+        f"pattern read {p}/dev/%u/assign\n"
+        "\n"
+        "# Hubs: take requests (shared subscription or not), answer any device.\n"
+        f"user {hub_user}\n"
+        f"topic read {p}/infer/+\n"
+        f"topic write {p}/dev/+/reply\n"
+        "\n"
+        "# The CDN / rollout controller: assign versions, read what devices report.\n"
+        f"user {cdn_user}\n"
+        f"topic write {p}/dev/+/assign\n"
+        f"topic read {p}/dev/+/status\n"
+        f"topic read {p}/dev/+/telemetry\n"
+    )
+
+
+def write_private_file(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically, mode 0600, keeping an existing file's owner.
+
+    Keeping the owner matters: Mosquitto reads these files after dropping to
+    its own user, so an operator who ``chown``-ed them once should not have to
+    again after every provisioning.
+    """
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    try:
+        owner = path.stat()
+    except FileNotFoundError:
+        owner = None
+    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            os.fchmod(f.fileno(), 0o600)
+            if owner is not None and (owner.st_uid, owner.st_gid) != (os.geteuid(), os.getegid()):
+                # Not ours to give away without privileges; the operator chowns it again.
+                with contextlib.suppress(PermissionError):
+                    os.fchown(f.fileno(), owner.st_uid, owner.st_gid)
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
