@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
+    from shared import ApiKeyGuard
+
     from ._server import Hub
     from .http import HttpServer
 
@@ -76,10 +78,21 @@ def hub(
     http_host: Annotated[
         str,
         typer.Option(
-            help="Address the HTTP API listens on; 0.0.0.0 for every interface. It has "
-            "no authentication yet: expose it behind a proxy that adds it."
+            help="Address the HTTP API listens on; 0.0.0.0 for every interface. Without "
+            "--api-keys it has no authentication: expose it behind a proxy that adds it."
         ),
     ] = "127.0.0.1",
+    api_keys: Annotated[
+        Path | None,
+        typer.Option(
+            "--api-keys",
+            help="API key file ('tandem keys create'): /v2 model routes then need a key "
+            "with scope infer (or models:read for metadata), within its rate. Health "
+            "probes and /metrics stay open. Re-read when it changes.",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help=f"Logging level: {', '.join(_LEVELS)}.")] = "info",
 ) -> None:
     """Serve a model repository to edge devices over MQTT, batching on the GPU when present.
@@ -105,10 +118,14 @@ def hub(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from shared import Limits, MqttSettings, TandemError, Topics
+    from shared import ApiKeyGuard, Limits, MqttSettings, TandemError, Topics
 
     from ._server import Hub
 
+    try:
+        guard = None if api_keys is None or not http_port else ApiKeyGuard.from_file(api_keys)
+    except TandemError as e:
+        raise typer.BadParameter(str(e), param_hint="--api-keys") from e
     try:
         server = Hub(
             repo,
@@ -120,7 +137,7 @@ def hub(
         )
         # SIGTERM while starting (loading models, importing the HTTP stack) is a clean stop.
         with _stop_on_signals(server), server:  # the hub first: HTTP's first request finds it
-            http = _start_http(server, http_host, http_port)
+            http = _start_http(server, http_host, http_port, guard)
             try:
                 server.run_forever()  # the hub stops first: late HTTP requests get 503
             finally:
@@ -146,12 +163,14 @@ def _stop_on_signals(server: Hub) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _start_http(server: Hub, host: str, port: int) -> HttpServer | None:
+def _start_http(
+    server: Hub, host: str, port: int, api_keys: ApiKeyGuard | None
+) -> HttpServer | None:
     if not port:
         return None
     from .http import HttpServer, create_app  # FastAPI and uvicorn only when HTTP is on
 
-    return HttpServer(create_app(server), host=host, port=port).start()
+    return HttpServer(create_app(server, api_keys=api_keys), host=host, port=port).start()
 
 
 def main() -> None:

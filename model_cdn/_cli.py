@@ -42,7 +42,8 @@ cdn_app = typer.Typer(no_args_is_help=True, add_completion=False)
 
 @keys_app.callback()
 def _keys() -> None:
-    """The publisher's Ed25519 signing key: devices trust only what it signed."""
+    """The publisher's signing key (generate), and API keys for the HTTP servers (create,
+    list, revoke)."""
 
 
 @models_app.callback()
@@ -106,6 +107,107 @@ def keys_generate(
         typer.echo(f"private key: {private}  (keep it secret)")
         typer.echo(f"public key:  {public}  ({key.public_key.to_text()})")
         typer.echo(f"key id:      {key.public_key.keyid}")
+
+
+KeysFileOption = Annotated[
+    Path,
+    typer.Option(
+        "--keys-file",
+        help="The API key file that 'tandem hub --api-keys' and 'tandem cdn serve "
+        "--api-keys' read (secrets are not in it, only their SHA-256).",
+        dir_okay=False,
+        show_default=False,
+    ),
+]
+
+
+@keys_app.command("create")
+def keys_create(
+    scope: Annotated[
+        list[str],
+        typer.Option(
+            "--scope",
+            help="infer, models:read, models:publish or rollout:admin (repeat for several).",
+            show_default=False,
+        ),
+    ],
+    keys_file: KeysFileOption,
+    name: Annotated[str, typer.Option("--name", help="What the key is for.")] = "",
+    rate: Annotated[
+        float, typer.Option("--rate", help="Requests per second, sustained.", min=0.001)
+    ] = 20.0,
+    burst: Annotated[int, typer.Option("--burst", help="Requests at once.", min=1)] = 40,
+) -> None:
+    """Create an API key; print it once (only its SHA-256 is kept in --keys-file).
+
+    Example: tandem keys create --scope infer --name cam-fleet --keys-file ./api-keys.json
+    """
+    from shared import API_KEY_SCOPES, ApiKeyFile, generate_api_key
+
+    command = "keys create"
+    unknown = sorted(set(scope) - API_KEY_SCOPES)
+    if unknown:
+        fail(command, f"unknown scope {unknown[0]!r}: use {', '.join(sorted(API_KEY_SCOPES))}", 2)
+    with clean_errors(command):
+        text, key = generate_api_key(scope, name=name, rate=rate, burst=burst)
+        ApiKeyFile(keys_file).add(key)
+    typer.echo(text)
+    typer.echo(
+        f"key {key.id} ({', '.join(sorted(key.scopes))}; {key.rate:g}/s, burst {key.burst}) "
+        f"added to {keys_file}; the key is shown only this once",
+        err=True,
+    )
+
+
+@keys_app.command("list")
+def keys_list(keys_file: KeysFileOption) -> None:
+    """List the API keys of --keys-file (ids, names, scopes, limits; never secrets).
+
+    Example: tandem keys list --keys-file ./api-keys.json
+    """
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from shared import ApiKeyFile
+
+    with clean_errors("keys list"):
+        keys = ApiKeyFile(keys_file).load()
+    if not keys:
+        typer.echo("no API keys yet")
+        return
+    table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    for column in ("id", "name", "scopes", "rate/s", "burst", "created", "status"):
+        table.add_column(column, no_wrap=True)
+    for key in keys.values():
+        table.add_row(
+            key.id,
+            key.name,
+            ",".join(sorted(key.scopes)),
+            f"{key.rate:g}",
+            str(key.burst),
+            key.created,
+            "active" if key.revoked is None else f"revoked {key.revoked}",
+        )
+    Console().print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[
+        str, typer.Argument(metavar="ID", help="The key's id (8 hex digits).", show_default=False)
+    ],
+    keys_file: KeysFileOption,
+) -> None:
+    """Revoke an API key: servers reading --keys-file refuse it from their next request.
+
+    Example: tandem keys revoke 1a2b3c4d --keys-file ./api-keys.json
+    """
+    from shared import ApiKeyFile
+
+    with clean_errors("keys revoke"):
+        key = ApiKeyFile(keys_file).revoke(key_id)
+    typer.echo(f"key {key.id} revoked at {key.revoked}")
 
 
 # -- tandem models ----------------------------------------------------------
@@ -287,6 +389,16 @@ def cdn_serve(
             show_default=False,
         ),
     ] = None,
+    api_keys: Annotated[
+        Path | None,
+        typer.Option(
+            "--api-keys",
+            help="API key file ('tandem keys create'): keys with models:read may read "
+            "(reads then need a key or token), models:publish upload, rollout:admin assign.",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
     trusted_key: Annotated[
         list[str] | None,
         typer.Option(
@@ -316,7 +428,7 @@ def cdn_serve(
     Example: TANDEM_CDN_ADMIN_TOKEN=s3cret tandem cdn serve --host 0.0.0.0
     --trusted-key ~/.tandem/publisher.pub --broker mqtt://broker:1883
     """
-    from shared import MqttSettings, Topics
+    from shared import ApiKeyGuard, MqttSettings, Topics
 
     command = "cdn serve"
     if log_level not in ("debug", "info", "warning", "error"):
@@ -336,6 +448,7 @@ def cdn_serve(
             fail(command, f"serving needs {e.name!r}: install tandem[cdn]")
         from .store import open_store
 
+        guard = None if api_keys is None else ApiKeyGuard.from_file(api_keys)
         reg = open_registry_for(registry, create=True)
         try:
             app = create_app(
@@ -346,8 +459,9 @@ def cdn_serve(
                 trusted_keys=keys or None,
                 mqtt=settings,
                 topics=topics,
+                api_keys=guard,
             )
-            if admin_token is None:
+            if admin_token is None and guard is None:
                 typer.echo("note: no --admin-token, so the admin API is off (read-only)", err=True)
             elif not keys:
                 typer.echo(

@@ -10,11 +10,15 @@ Routes (devices and the updater rely on this layout)::
     GET    /v1/models/{name}/versions/{version}/manifest     one signed manifest
     GET    /v1/blobs/{digest}            (and HEAD)          the blob; ranges, ETag, immutable
     GET    /v1/devices/{device}/assignments/{model}          signed assignment
-  admin (Authorization: Bearer <admin token>):
-    PUT    /v1/blobs/{digest}                                body = the bytes; digest recomputed
-    POST   /v1/models/{name}/versions                        body = signed manifest
-    DELETE /v1/models/{name}/versions/{version}
-    PUT    /v1/devices/{device}/assignments/{model}          body = signed assignment; MQTT retained
+  admin (Authorization: Bearer <admin token>, or an API key with the scope in brackets):
+    PUT    /v1/blobs/{digest}                 [models:publish]  body = the bytes; digest checked
+    POST   /v1/models/{name}/versions         [models:publish]  body = signed manifest
+    DELETE /v1/models/{name}/versions/{version}                  [models:publish]
+    PUT    /v1/devices/{device}/assignments/{model}              [rollout:admin]
+                                                 body = signed assignment; MQTT retained
+
+With ``api_keys`` (a ``shared.ApiKeyGuard``) reads need a key with
+``models:read`` (or the read or admin token): see ``_auth`` for the rules.
 
 Blobs are immutable and named by their digest, so they go out with
 ``ETag: "sha256:…"`` and ``Cache-Control: immutable`` and any CDN or S3 can
@@ -27,14 +31,15 @@ bounded by ``max_blob_bytes``.
 Every name and digest in a path is checked before it reaches the registry or
 the store (no ``..``, ``/``, upper-case hex), and every error is JSON
 ``{"error": "…"}`` with its status: 400 bad input, 401 no or malformed
-credentials, 403 wrong token, 404 unknown, 409 version not above the latest,
-413 too large, 416 bad range, 502 MQTT publish failed, 503 storage failed.
+credentials or an unknown or revoked API key, 403 wrong token or a key
+without the scope, 404 unknown, 409 version not above the latest, 413 too
+large, 416 bad range, 429 a key over its rate (with Retry-After), 502 MQTT
+publish failed, 503 storage failed.
 """
 
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import logging
 import os
@@ -51,6 +56,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive, Scope, Send
 
 from shared import (
+    ApiKeyGuard,
     ManifestError,
     MqttSettings,
     PublicKey,
@@ -61,6 +67,7 @@ from shared import (
 )
 
 from ._assign import publish_assignment
+from ._auth import AuthDenied, CdnAuth
 from ._errors import (
     AuthError,
     BlobNotFoundError,
@@ -173,11 +180,14 @@ def create_app(
     mqtt: MqttSettings | None = None,
     topics: Topics = Topics(),  # noqa: B008 - frozen dataclass, safe as a default
     max_blob_bytes: int = MAX_BLOB_BYTES,
+    api_keys: ApiKeyGuard | None = None,
 ) -> FastAPI:
     """The CDN app over ``registry`` and ``store``.
 
-    ``admin_token`` None turns the admin routes off (403). ``read_token``
-    set makes reads need it (or the admin token). ``trusted_keys`` set makes
+    ``admin_token`` None turns the admin routes off (403) unless ``api_keys``
+    is set. ``read_token`` set makes reads need it (or the admin token).
+    ``api_keys`` set lets keys with scopes in, and makes reads need one
+    (or a token). ``trusted_keys`` set makes
     uploads of manifests and assignments need a signature by one of them
     (devices check again; this only stops mistakes early). ``mqtt`` set makes
     an assignment PUT also publish it, retained, to the device.
@@ -214,34 +224,20 @@ def create_app(
 
     # -- auth --------------------------------------------------------------
 
-    def bearer(request: Request) -> str:
-        header = request.headers.get("authorization")
-        challenge = {"WWW-Authenticate": "Bearer"}
-        if header is None:
-            raise HttpError(401, "missing Authorization: Bearer <token>", challenge)
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip() or " " in token.strip():
-            raise HttpError(401, "malformed Authorization header: use 'Bearer <token>'", challenge)
-        return token.strip()
+    auth = CdnAuth(admin_token=admin_token, read_token=read_token, api_keys=api_keys)
 
-    def same(given: str, expected: str | None) -> bool:
-        return expected is not None and hmac.compare_digest(given.encode(), expected.encode())
+    def guarded(check: Callable[[str | None], None]) -> list[Any]:
+        def dependency(request: Request) -> None:
+            try:
+                check(request.headers.get("authorization"))
+            except AuthDenied as e:
+                raise HttpError(e.status, str(e), e.headers) from e
 
-    def require_admin(request: Request) -> None:
-        if admin_token is None:
-            raise HttpError(403, "the admin API is off: start the server with an admin token")
-        if not same(bearer(request), admin_token):
-            raise HttpError(403, "wrong admin token")
+        return [Depends(dependency)]
 
-    def require_read(request: Request) -> None:
-        if read_token is None:
-            return
-        token = bearer(request)
-        if not (same(token, read_token) or same(token, admin_token)):
-            raise HttpError(403, "wrong read token")
-
-    admin = [Depends(require_admin)]
-    read = [Depends(require_read)]
+    read = guarded(auth.require_read)
+    publish = guarded(lambda header: auth.require_admin(header, "models:publish"))
+    rollout = guarded(lambda header: auth.require_admin(header, "rollout:admin"))
 
     # -- reads -------------------------------------------------------------
 
@@ -337,7 +333,7 @@ def create_app(
 
     # -- admin -------------------------------------------------------------
 
-    @app.put("/v1/blobs/{digest}", dependencies=admin)
+    @app.put("/v1/blobs/{digest}", dependencies=publish)
     async def put_blob(digest: str, request: Request) -> Response:
         check_digest(digest)
         hasher = hashlib.sha256()
@@ -352,7 +348,7 @@ def create_app(
             {"digest": digest, "size": len(body)}, status_code=200 if existed else 201
         )
 
-    @app.post("/v1/models/{name}/versions", dependencies=admin)
+    @app.post("/v1/models/{name}/versions", dependencies=publish)
     async def add_version(name: str, request: Request) -> Response:
         check_name(name, "model name")
         doc = await _read_json(request)
@@ -378,13 +374,13 @@ def create_app(
 
         return JSONResponse(await run_in_threadpool(add), status_code=201)
 
-    @app.delete("/v1/models/{name}/versions/{version}", dependencies=admin)
+    @app.delete("/v1/models/{name}/versions/{version}", dependencies=publish)
     def delete_version(name: str, version: str) -> dict[str, Any]:
         number = _version(version)
         registry.delete_version(check_name(name, "model name"), number)
         return {"deleted": {"name": name, "version": number}}
 
-    @app.put("/v1/devices/{device}/assignments/{model}", dependencies=admin)
+    @app.put("/v1/devices/{device}/assignments/{model}", dependencies=rollout)
     async def put_assignment(device: str, model: str, request: Request) -> Response:
         doc = await _read_json(request)
 

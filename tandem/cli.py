@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "keys": (
         "model_cdn._cli",
         "keys_app",
-        "Create the publisher's signing key pair (devices trust what it signs).",
+        "Publisher signing keys (generate) and HTTP API keys with scopes (create, list, revoke).",
     ),
     "models": (
         "model_cdn._cli",

@@ -19,7 +19,8 @@ rows than max_batch_size; the body's Content-Length is checked before
 reading, the streamed length while reading), 415 a Content-Encoding other
 than identity, 503 overloaded or not serving (with Retry-After), 504
 deadline_exceeded (Triton's request parameter ``timeout``, microseconds), 500
-only when the model itself failed or its outputs cannot be encoded.
+only when the model itself failed or its outputs cannot be encoded. With
+``api_keys``: 401, 403 and 429 (``_auth``).
 
 Why async routes in front of a threaded hub: an infer route awaits its
 ``ResultFuture`` without holding a thread, so as many requests as clients
@@ -30,9 +31,10 @@ loop. Every infer outcome is counted in ``hub.prometheus`` with
 ``transport="http"``.
 
 ``dependencies`` (FastAPI ``Depends``) run before every ``/v2`` route, not
-``/metrics`` (scraped from inside the network): the place for API keys and
-rate limits, which this module does not decide yet. Until then the CLI
-listens on loopback unless told otherwise.
+``/metrics`` (scraped from inside the network). ``api_keys`` (a
+``shared.ApiKeyGuard``) adds one that asks for API keys with scopes and
+per-key rate limits: see ``_auth`` for which route needs what; health
+probes, ``/v2`` and ``/metrics`` stay open.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shared import ErrorCode, LimitExceededError, ProtocolError, TensorError
+from shared import ApiKeyGuard, ErrorCode, LimitExceededError, ProtocolError, TensorError
 
 from .._errors import (
     BadRequestError,
@@ -63,6 +65,7 @@ from .._errors import (
 )
 from .._repository import ServedModel
 from .._server import Hub
+from ._auth import api_key_auth
 from ._codec import (
     HEADER_LENGTH,
     InferRequest,
@@ -126,10 +129,13 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
     dependencies: Sequence[Any] = (),
+    api_keys: ApiKeyGuard | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``hub`` (which the caller starts and stops)."""
     if max_body_bytes <= 0 or max_json_bytes <= 0:
         raise ValueError("max_body_bytes and max_json_bytes must be positive")
+    if api_keys is not None:
+        dependencies = [api_key_auth(api_keys), *dependencies]
     api = _InferenceApi(hub, max_body_bytes=max_body_bytes, max_json_bytes=max_json_bytes)
     app = FastAPI(
         title="Tandem hub: Open Inference Protocol v2",
