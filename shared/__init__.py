@@ -62,6 +62,7 @@ from ._signing import PublicKey, SigningKey, canonical_json, sign_document, veri
 from ._status import UpdateState, UpdateStatus
 from ._tensors import (
     DATATYPES,
+    ONNX_DATATYPES,
     TransferOptions,
     datatype_of,
     decode_tensors,
@@ -78,6 +79,7 @@ __all__ = [
     "FORMAT_MINOR",
     "MAGIC",
     "NAME_PATTERN",
+    "ONNX_DATATYPES",
     "SPEC_VERSION",
     "ApiKey",
     "ApiKeyError",

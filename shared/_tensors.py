@@ -47,6 +47,7 @@ from ._limits import Limits
 
 __all__ = [
     "DATATYPES",
+    "ONNX_DATATYPES",
     "TransferOptions",
     "datatype_of",
     "decode_tensors",
@@ -70,6 +71,22 @@ DATATYPES: dict[str, np.dtype[Any]] = {
     "FP32": np.dtype("<f4"),
     "FP64": np.dtype("<f8"),
     "BYTES": np.dtype(object),
+}
+# ONNX element type strings (as ONNX Runtime reports them) -> datatype names.
+ONNX_DATATYPES: dict[str, str] = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
 }
 _FLOAT_TYPES = frozenset({"FP16", "FP32", "FP64"})
 _BY_KIND_SIZE = {(dt.kind, dt.itemsize): name for name, dt in DATATYPES.items() if name != "BYTES"}

@@ -14,28 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from shared import ONNX_DATATYPES
+
 from .._config import TensorSpec
 from .._errors import RepositoryError
 from ._base import Executor
 
 __all__ = ["OnnxExecutor", "onnx_providers"]
-
-# ONNX Runtime's type strings -> Open Inference Protocol datatypes.
-_ORT_TYPES = {
-    "tensor(bool)": "BOOL",
-    "tensor(uint8)": "UINT8",
-    "tensor(uint16)": "UINT16",
-    "tensor(uint32)": "UINT32",
-    "tensor(uint64)": "UINT64",
-    "tensor(int8)": "INT8",
-    "tensor(int16)": "INT16",
-    "tensor(int32)": "INT32",
-    "tensor(int64)": "INT64",
-    "tensor(float16)": "FP16",
-    "tensor(float)": "FP32",
-    "tensor(double)": "FP64",
-    "tensor(string)": "BYTES",
-}
 
 
 def onnx_providers() -> list[str]:
@@ -100,7 +85,7 @@ class OnnxExecutor(Executor):
 
 
 def _spec(arg: Any) -> TensorSpec:
-    datatype = _ORT_TYPES.get(arg.type)
+    datatype = ONNX_DATATYPES.get(arg.type)
     if datatype is None:
         raise RepositoryError(
             f"tensor {arg.name!r} has type {arg.type}, which the hub cannot serve"

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from shared import ONNX_DATATYPES
+
 from .._errors import ModelLoadError, RuntimeUnavailableError
 from ._base import ModelRuntime, TensorSpec
 
@@ -49,22 +51,6 @@ _EDGE_PREFERENCE: tuple[str, ...] = (
     "XnnpackExecutionProvider",  # optimised Arm/x86 CPU kernels
 )
 
-# ONNX element type -> Open Inference Protocol datatype.
-_ONNX_DATATYPES: dict[str, str] = {
-    "tensor(bool)": "BOOL",
-    "tensor(uint8)": "UINT8",
-    "tensor(uint16)": "UINT16",
-    "tensor(uint32)": "UINT32",
-    "tensor(uint64)": "UINT64",
-    "tensor(int8)": "INT8",
-    "tensor(int16)": "INT16",
-    "tensor(int32)": "INT32",
-    "tensor(int64)": "INT64",
-    "tensor(float16)": "FP16",
-    "tensor(float)": "FP32",
-    "tensor(double)": "FP64",
-    "tensor(string)": "BYTES",
-}
 
 ProviderEntry = str | tuple[str, Mapping[str, Any]]
 
@@ -231,7 +217,7 @@ def _create_session(
 
 
 def _spec(arg: Any, source: str) -> TensorSpec:
-    datatype = _ONNX_DATATYPES.get(arg.type)
+    datatype = ONNX_DATATYPES.get(arg.type)
     if datatype is None:
         raise ModelLoadError(
             f"ONNX model {source}: tensor {arg.name!r} has type {arg.type}, "
