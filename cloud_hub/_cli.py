@@ -8,7 +8,6 @@ library never needs it.
 from __future__ import annotations
 
 import contextlib
-import logging
 import signal
 import sys
 import threading
@@ -94,6 +93,10 @@ def hub(
         ),
     ] = None,
     log_level: Annotated[str, typer.Option(help=f"Logging level: {', '.join(_LEVELS)}.")] = "info",
+    log_format: Annotated[
+        str,
+        typer.Option(help="Log lines as 'text' or 'json' (one object a line, with request ids)."),
+    ] = "text",
 ) -> None:
     """Serve a model repository to edge devices over MQTT, batching on the GPU when present.
 
@@ -113,11 +116,11 @@ def hub(
         raise typer.BadParameter(
             "use a port from 1 to 65535, or 0 for none", param_hint="--http-port"
         )
-    logging.basicConfig(
-        level=log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    if log_format.lower() not in ("text", "json"):
+        raise typer.BadParameter("use text or json", param_hint="--log-format")
+    from shared._logging import configure_logging
+
+    configure_logging(log_level, json=log_format.lower() == "json", stream=sys.stderr)
     from shared import ApiKeyGuard, Limits, MqttSettings, TandemError, Topics
 
     from ._server import Hub

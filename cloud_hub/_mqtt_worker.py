@@ -332,7 +332,9 @@ class MqttWorker:
                 self._observe(target, encoded[0], outcome)
                 self._publish(target, encoded)
             except Exception:
-                log.exception("could not reply to request %s", target.request_id)
+                log.exception(
+                    "could not reply to request %s", target.request_id, extra=_context(target)
+                )
 
     def _observe(self, target: ReplyTarget, reply: Message, outcome: Outcome) -> None:
         if self._on_reply is None:
@@ -349,7 +351,9 @@ class MqttWorker:
                 result=result,
             )
         except Exception:
-            log.exception("on_reply failed for request %s", target.request_id)
+            log.exception(
+                "on_reply failed for request %s", target.request_id, extra=_context(target)
+            )
 
     def _reply_for(self, target: ReplyTarget, outcome: Outcome) -> tuple[Message, bytes]:
         if isinstance(outcome, concurrent.futures.Future):
@@ -380,8 +384,11 @@ class MqttWorker:
                     outcome = HubError(f"cannot encode the model's outputs: {e}")
         assert isinstance(outcome, BaseException)
         code = error_code(outcome)
-        if code is ErrorCode.INTERNAL and not isinstance(outcome, HubError):
-            log.error("request %s failed: %r", target.request_id, outcome)
+        if code is ErrorCode.INTERNAL:  # a model failure (HubError) is expected; a bug is not
+            level = logging.WARNING if isinstance(outcome, HubError) else logging.ERROR
+            log.log(
+                level, "request %s failed: %r", target.request_id, outcome, extra=_context(target)
+            )
         reply = error_reply(
             target,
             code,
@@ -408,7 +415,19 @@ class MqttWorker:
         info = client.publish(target.reply_to, payload, qos=1, properties=properties)
         if info.rc:
             self._count("publish_failed")
-            log.warning("reply to %s not sent (rc %s)", target.request_id, info.rc)
+            log.warning(
+                "reply to %s not sent (rc %s)", target.request_id, info.rc, extra=_context(target)
+            )
             return
         self._unacked.append(info)
         self._count("replied_" + reply.error.value)
+
+
+def _context(target: ReplyTarget) -> dict[str, str | None]:
+    """Log-record context (``extra=``) naming one request, for JSON logs."""
+    return {
+        "request_id": target.request_id,
+        "device": target.device_id,
+        "model": target.model,
+        "model_version": target.model_version,
+    }

@@ -36,12 +36,14 @@ from ._estimator import Ewma, LatencyEstimator, NetworkEstimator
 from ._policy import Decision, HeavyCheck, OffloadPolicy, RequestFacts, Route, UncertainCheck
 from ._result import InferenceResult, LatencyBreakdown, Source
 from ._scores import SCORES, entropy, margin, max_probability, to_probabilities
+from ._telemetry import AgentMetrics, LatencyWindow, TelemetryRecorder, TelemetryReporter
 from ._uplink import MqttUplink, UplinkStats
 from .runtimes import ModelRuntime, TensorSpec, load_runtime
 from .updater import DeviceModelStore, DownloadSettings, ModelUpdater, UpdaterStats
 
 __all__ = [
     "SCORES",
+    "AgentMetrics",
     "AgentStats",
     "AsyncEdgeAgent",
     "BaseAgent",
@@ -62,6 +64,7 @@ __all__ = [
     "InvalidInputError",
     "LatencyBreakdown",
     "LatencyEstimator",
+    "LatencyWindow",
     "ModelLoadError",
     "ModelRuntime",
     "ModelUpdater",
@@ -75,6 +78,8 @@ __all__ = [
     "SmokeTestError",
     "Source",
     "StoreError",
+    "TelemetryRecorder",
+    "TelemetryReporter",
     "TensorSpec",
     "UncertainCheck",
     "UntrustedUpdateError",

@@ -35,6 +35,7 @@ from ._errors import InvalidInputError, NoAnswerError, UplinkError
 from ._estimator import LatencyEstimator, NetworkEstimator
 from ._policy import Decision, OffloadPolicy, RequestFacts, Route
 from ._result import InferenceResult, LatencyBreakdown, Source
+from ._telemetry import AgentMetrics, TelemetryRecorder, snapshot
 from ._uplink import MqttUplink
 from .runtimes import ModelRuntime, load_runtime
 
@@ -98,6 +99,7 @@ class BaseAgent:
         local_estimator: LatencyEstimator | None = None,
         network_estimator: NetworkEstimator | None = None,
         safety_margin_ms: float = 1.0,
+        latency_window: int = 1024,
     ) -> None:
         self.runtime = load_runtime(model) if isinstance(model, str | Path) else model
         if self.runtime is None and cloud_model is None:
@@ -122,6 +124,7 @@ class BaseAgent:
         self.network_estimator = network_estimator or NetworkEstimator()
         self.stats = AgentStats()
         self._stats_lock = threading.Lock()
+        self.telemetry = TelemetryRecorder(window=latency_window)
         self._local_inflight = 0
         self.uplink: MqttUplink | None = None
         if broker is not None:
@@ -264,6 +267,9 @@ class BaseAgent:
         )
         versions = self._versions(call)
         versions["cloud"] = f"{reply.model}@{reply.model_version or '?'}"
+        self.telemetry.cloud_version = versions["cloud"]
+        if call.local_outputs is not None:
+            self.telemetry.compare(call.local_outputs, reply.tensors)
         return self._finish(call, reply.tensors, Source.CLOUD, reason, latency, versions)
 
     def _fallback_result(self, call: _Call, reason: str) -> InferenceResult:
@@ -296,6 +302,12 @@ class BaseAgent:
             self.stats.by_source[source.value] += 1
             self.stats.by_reason[reason] += 1
             self.stats.deadline_misses += not met
+        recorder = self.telemetry
+        recorder.record("total", latency.total_ms)
+        if call.local_outputs is not None:
+            recorder.record("local", call.local_ms)
+        if source is Source.CLOUD:
+            recorder.record("offloaded", latency.total_ms)
         return InferenceResult(
             outputs=outputs,
             source=source,
@@ -312,6 +324,10 @@ class BaseAgent:
         if call.runtime is None:
             return {}
         return {"edge": f"{call.runtime.name}@{call.runtime.version}"}
+
+    def metrics(self) -> AgentMetrics:
+        """A snapshot of counts, latency percentiles, agreement and link state."""
+        return snapshot(self)
 
     def swap_model(self, runtime: ModelRuntime) -> ModelRuntime | None:
         """Serve ``runtime`` from the next call on; returns the one it replaces.

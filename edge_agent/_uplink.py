@@ -170,6 +170,18 @@ class MqttUplink:
         self.stats.sent += 1
         return future, len(payload)
 
+    def publish(self, topic: str, payload: bytes, *, qos: int = 0) -> None:
+        """Publish a side message (telemetry, status); ``UplinkError`` when not connected."""
+        client = self._client
+        if client is None or not self._connected.is_set():
+            raise UplinkError("not connected to the broker", ErrorCode.INTERNAL)
+        try:
+            info = client.publish(topic, payload, qos=qos)
+        except (OSError, ValueError, RuntimeError) as e:
+            raise UplinkError(f"publish failed: {e}") from e
+        if info.rc != 0:
+            raise UplinkError(f"publish failed (paho rc={info.rc})")
+
     def forget(self, request_id: str) -> None:
         """Stop waiting for a request's reply (it timed out or was answered)."""
         with self._lock:

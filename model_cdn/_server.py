@@ -46,7 +46,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterator
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -84,6 +84,9 @@ from .registry._rows import assignment_fields, check_name, dump_document, manife
 from .store import BlobStore, check_digest
 
 __all__ = ["create_app"]
+
+if TYPE_CHECKING:
+    from ._metrics import CdnMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -197,6 +200,7 @@ def create_app(
             raise CdnError(f"the {what} token must be non-empty printable text without spaces")
     app = FastAPI(title="Tandem model CDN", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.registry, app.state.store = registry, store
+    app.state.metrics = metrics = _new_metrics()
     keys = list(trusted_keys) if trusted_keys else None
 
     # -- errors ------------------------------------------------------------
@@ -241,6 +245,12 @@ def create_app(
 
     # -- reads -------------------------------------------------------------
 
+    @app.get("/metrics")
+    def prometheus_metrics() -> Response:
+        if metrics is None:
+            raise HttpError(404, "metrics need prometheus-client installed")
+        return Response(metrics.render(), media_type=metrics.content_type)
+
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
@@ -266,11 +276,16 @@ def create_app(
 
     @app.get("/v1/models/{name}/manifest", dependencies=read)
     def latest_manifest(name: str) -> Response:
-        return document(registry.get_version(check_name(name, "model name")).manifest, "no-cache")
+        record = registry.get_version(check_name(name, "model name"))
+        if metrics is not None:
+            metrics.manifest_served(name, record.version)
+        return document(record.manifest, "no-cache")
 
     @app.get("/v1/models/{name}/versions/{version}/manifest", dependencies=read)
     def manifest(name: str, version: str) -> Response:
         record = registry.get_version(check_name(name, "model name"), _version(version))
+        if metrics is not None:
+            metrics.manifest_served(name, record.version)
         # A version's manifest never changes, but it may be withdrawn: cache it briefly.
         return document(record.manifest, "public, max-age=300")
 
@@ -291,6 +306,8 @@ def create_app(
         else:
             size = store.size(digest)
         if etag_matches(request.headers.get("if-none-match"), etag):
+            if metrics is not None and request.method == "GET":
+                metrics.blob_unchanged(digest)
             return Response(status_code=304, headers=headers)
         try:
             byte_range = plan_range(
@@ -298,6 +315,9 @@ def create_app(
             )
         except RangeNotSatisfiableError as e:
             raise HttpError(416, str(e), {"Content-Range": f"bytes */{e.size}"}) from e
+        if metrics is not None and request.method == "GET":
+            sent = size if byte_range is None else byte_range.length
+            metrics.blob_served(digest, sent, partial=byte_range is not None)
         if path is not None:
             return _BlobFileResponse(
                 path,
@@ -413,6 +433,16 @@ def create_app(
         return JSONResponse(await run_in_threadpool(assign))
 
     return app
+
+
+def _new_metrics() -> CdnMetrics | None:
+    """The app's own metrics, or None where prometheus-client is not installed."""
+    try:
+        from ._metrics import CdnMetrics
+    except ImportError:
+        logger.info("prometheus-client is not installed: GET /metrics is off")
+        return None
+    return CdnMetrics()
 
 
 async def _read_body(

@@ -43,6 +43,7 @@ from ._errors import (
     UnsupportedVersionError,
 )
 from ._limits import Limits
+from ._logging import configure_logging
 from ._manifest import (
     SPEC_VERSION,
     Assignment,
@@ -118,6 +119,7 @@ __all__ = [
     "apply_delta",
     "canonical_json",
     "compress_blob",
+    "configure_logging",
     "create_client",
     "datatype_of",
     "decode_header",
