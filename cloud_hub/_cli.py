@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
-    from shared import ApiKeyGuard
+    from shared import ApiKeyGuard, TlsSettings
 
     from ._server import Hub
     from .http import HttpServer
@@ -92,6 +92,47 @@ def hub(
             show_default=False,
         ),
     ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-cert",
+            help="PEM certificate (chain) of the HTTP API: it then serves HTTPS. Needs --tls-key.",
+            show_default=False,
+        ),
+    ] = None,
+    tls_key: Annotated[
+        Path | None,
+        typer.Option("--tls-key", help="PEM private key of --tls-cert.", show_default=False),
+    ] = None,
+    tls_client_ca: Annotated[
+        Path | None,
+        typer.Option(
+            "--tls-client-ca",
+            help="PEM CA: HTTPS clients must then present a certificate it signed (mutual TLS).",
+            show_default=False,
+        ),
+    ] = None,
+    mqtt_ca: Annotated[
+        Path | None,
+        typer.Option(
+            "--mqtt-ca",
+            help="PEM CA that signed the broker's certificate (mqtts:// only); default: the "
+            "system's.",
+            show_default=False,
+        ),
+    ] = None,
+    mqtt_cert: Annotated[
+        Path | None,
+        typer.Option(
+            "--mqtt-cert",
+            help="PEM client certificate for the broker (mutual TLS). Needs --mqtt-key.",
+            show_default=False,
+        ),
+    ] = None,
+    mqtt_key: Annotated[
+        Path | None,
+        typer.Option("--mqtt-key", help="PEM private key of --mqtt-cert.", show_default=False),
+    ] = None,
     log_level: Annotated[str, typer.Option(help=f"Logging level: {', '.join(_LEVELS)}.")] = "info",
     log_format: Annotated[
         str,
@@ -108,6 +149,9 @@ def hub(
     with Ctrl-C or SIGTERM: queued requests are answered "overloaded" so devices
     fall back at once.
 
+    --tls-cert and --tls-key make the HTTP API HTTPS (--tls-client-ca: mutual
+    TLS); --mqtt-ca, --mqtt-cert and --mqtt-key are for an mqtts:// broker.
+
     Example: tandem hub --repo ./models --broker mqtt://broker:1883 --http-port 8000
     """
     if log_level.lower() not in _LEVELS:
@@ -121,9 +165,20 @@ def hub(
     from shared._logging import configure_logging
 
     configure_logging(log_level, json=log_format.lower() == "json", stream=sys.stderr)
-    from shared import ApiKeyGuard, Limits, MqttSettings, TandemError, Topics
+    from shared import ApiKeyGuard, Limits, MqttSettings, TandemError, TlsSettings, Topics
 
     from ._server import Hub
+
+    try:  # a command-line mistake: one line and exit code 2, before anything starts
+        if tls_client_ca is not None and tls_cert is None:
+            raise ValueError("--tls-client-ca needs --tls-cert and --tls-key (HTTPS)")
+        http_tls = TlsSettings.from_files(
+            ca_certs=tls_client_ca, certfile=tls_cert, keyfile=tls_key
+        )
+        TlsSettings.from_files(ca_certs=mqtt_ca, certfile=mqtt_cert, keyfile=mqtt_key)
+    except ValueError as e:  # ConfigError is a ValueError
+        typer.echo(f"tandem hub: {e}", err=True)
+        raise typer.Exit(2) from e
 
     try:
         guard = None if api_keys is None or not http_port else ApiKeyGuard.from_file(api_keys)
@@ -132,7 +187,9 @@ def hub(
     try:
         server = Hub(
             repo,
-            mqtt=MqttSettings.from_url(broker),
+            mqtt=MqttSettings.from_url(broker).with_tls(
+                ca_certs=mqtt_ca, certfile=mqtt_cert, keyfile=mqtt_key
+            ),
             topics=Topics(prefix),
             share_group=None if no_share else share_group,
             limits=Limits(),
@@ -140,7 +197,7 @@ def hub(
         )
         # SIGTERM while starting (loading models, importing the HTTP stack) is a clean stop.
         with _stop_on_signals(server), server:  # the hub first: HTTP's first request finds it
-            http = _start_http(server, http_host, http_port, guard)
+            http = _start_http(server, http_host, http_port, guard, http_tls)
             try:
                 server.run_forever()  # the hub stops first: late HTTP requests get 503
             finally:
@@ -167,13 +224,14 @@ def _stop_on_signals(server: Hub) -> Iterator[None]:
 
 
 def _start_http(
-    server: Hub, host: str, port: int, api_keys: ApiKeyGuard | None
+    server: Hub, host: str, port: int, api_keys: ApiKeyGuard | None, tls: TlsSettings | None
 ) -> HttpServer | None:
     if not port:
         return None
     from .http import HttpServer, create_app  # FastAPI and uvicorn only when HTTP is on
 
-    return HttpServer(create_app(server, api_keys=api_keys), host=host, port=port).start()
+    app = create_app(server, api_keys=api_keys)
+    return HttpServer(app, host=host, port=port, tls=tls).start()
 
 
 def main() -> None:

@@ -20,9 +20,15 @@ import typer
 from ._cli_common import (
     DEFAULT_REGISTRY,
     DEFAULT_STORE,
+    MqttCaOption,
+    MqttCertOption,
+    MqttKeyOption,
     RegistryOption,
     SignKeyOption,
     StoreOption,
+    TlsCertOption,
+    TlsClientCaOption,
+    TlsKeyOption,
     clean_errors,
     fail,
     load_key,
@@ -304,13 +310,16 @@ def models_assign(
     ] = 30.0,
     prefix: Annotated[str, typer.Option("--prefix", help="MQTT topic prefix.")] = "tandem/v1",
     registry: RegistryOption = DEFAULT_REGISTRY,
+    mqtt_ca: MqttCaOption = None,
+    mqtt_cert: MqttCertOption = None,
+    mqtt_key: MqttKeyOption = None,
 ) -> None:
     """Tell devices which version to run: sign, store, and publish retained on MQTT.
 
     Example: tandem models assign mnist@3 --device cam-1 --device cam-2
     --sign-key ~/.tandem/publisher.key --broker mqtt://broker:1883
     """
-    from shared import MqttSettings, Topics, validate_name
+    from shared import Topics, validate_name
 
     from ._assign import make_assignment, publish_assignment
     from ._errors import CdnError
@@ -325,7 +334,7 @@ def models_assign(
             validate_name(model, "model name")
             for d in device:
                 validate_name(d, "device id")
-            settings = MqttSettings.from_url(broker) if broker else None
+            settings = _mqtt_settings(broker, mqtt_ca, mqtt_cert, mqtt_key)
             topics = Topics(prefix)
         except ValueError as e:
             fail(command, str(e), 2)
@@ -357,6 +366,30 @@ def models_assign(
 
 
 # -- tandem cdn ---------------------------------------------------------------
+
+
+def _mqtt_settings(broker: str | None, ca: Path | None, cert: Path | None, key: Path | None) -> Any:
+    """``MqttSettings`` for ``--broker`` and the ``--mqtt-*`` files, or None without a broker."""
+    from shared import MqttSettings, TlsSettings
+
+    if not broker:
+        TlsSettings.from_files(ca_certs=ca, certfile=cert, keyfile=key)  # still say what is wrong
+        return None
+    return MqttSettings.from_url(broker).with_tls(ca_certs=ca, certfile=cert, keyfile=key)
+
+
+def _ssl_options(tls: Any) -> dict[str, Any]:
+    """uvicorn's arguments for ``TlsSettings`` (None: plain HTTP)."""
+    import ssl
+
+    if tls is None:
+        return {}
+    return {
+        "ssl_certfile": tls.certfile,
+        "ssl_keyfile": tls.keyfile,
+        "ssl_ca_certs": tls.ca_certs,
+        "ssl_cert_reqs": ssl.CERT_REQUIRED if tls.ca_certs else ssl.CERT_NONE,
+    }
 
 
 def _trusted_key(text: str) -> Any:
@@ -419,16 +452,24 @@ def cdn_serve(
     log_level: Annotated[
         str, typer.Option("--log-level", help="debug, info, warning or error.")
     ] = "info",
+    tls_cert: TlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_client_ca: TlsClientCaOption = None,
+    mqtt_ca: MqttCaOption = None,
+    mqtt_cert: MqttCertOption = None,
+    mqtt_key: MqttKeyOption = None,
 ) -> None:
     """Serve models, signed manifests, blobs (ranges, immutable caching) and assignments.
 
     Devices download from here (or from a CDN in front of it); publishers and
-    'tandem models assign' write through the admin API.
+    'tandem models assign' write through the admin API. --tls-cert and
+    --tls-key serve HTTPS (--tls-client-ca: mutual TLS); --mqtt-ca,
+    --mqtt-cert and --mqtt-key are for an mqtts:// broker.
 
     Example: TANDEM_CDN_ADMIN_TOKEN=s3cret tandem cdn serve --host 0.0.0.0
     --trusted-key ~/.tandem/publisher.pub --broker mqtt://broker:1883
     """
-    from shared import ApiKeyGuard, MqttSettings, Topics
+    from shared import ApiKeyGuard, TlsSettings, Topics
 
     command = "cdn serve"
     if log_level not in ("debug", "info", "warning", "error"):
@@ -436,7 +477,10 @@ def cdn_serve(
     with clean_errors(command):
         try:
             keys = [_trusted_key(k) for k in trusted_key or []]
-            settings = MqttSettings.from_url(broker) if broker else None
+            settings = _mqtt_settings(broker, mqtt_ca, mqtt_cert, mqtt_key)
+            if tls_client_ca is not None and tls_cert is None:
+                raise ValueError("--tls-client-ca needs --tls-cert and --tls-key (HTTPS)")
+            tls = TlsSettings.from_files(ca_certs=tls_client_ca, certfile=tls_cert, keyfile=tls_key)
             topics = Topics(prefix)
         except ValueError as e:
             fail(command, str(e), 2)
@@ -467,6 +511,6 @@ def cdn_serve(
                 typer.echo(
                     "note: no --trusted-key, so uploads are not checked for signatures", err=True
                 )
-            uvicorn.run(app, host=host, port=port, log_level=log_level)
+            uvicorn.run(app, host=host, port=port, log_level=log_level, **_ssl_options(tls))
         finally:
             reg.close()

@@ -19,9 +19,15 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_REGISTRY",
     "DEFAULT_STORE",
+    "MqttCaOption",
+    "MqttCertOption",
+    "MqttKeyOption",
     "RegistryOption",
     "SignKeyOption",
     "StoreOption",
+    "TlsCertOption",
+    "TlsClientCaOption",
+    "TlsKeyOption",
     "clean_errors",
     "fail",
     "load_key",
@@ -96,6 +102,48 @@ SignKeyOption = Annotated[
         "--sign-key",
         envvar="TANDEM_SIGN_KEY",
         help="The publisher's private key file (from 'tandem keys generate').",
+        show_default=False,
+    ),
+]
+
+# TLS: PEM files, checked by shared's TlsSettings.from_files (one line, exit code 2).
+MqttCaOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--mqtt-ca",
+        help="PEM CA that signed the broker's certificate (mqtts:// only); default: the system's.",
+        show_default=False,
+    ),
+]
+MqttCertOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--mqtt-cert",
+        help="PEM client certificate for the broker (mutual TLS). Needs --mqtt-key.",
+        show_default=False,
+    ),
+]
+MqttKeyOption = Annotated[
+    Path | None,
+    typer.Option("--mqtt-key", help="PEM private key of --mqtt-cert.", show_default=False),
+]
+TlsCertOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-cert",
+        help="PEM certificate (chain) to serve HTTPS with. Needs --tls-key.",
+        show_default=False,
+    ),
+]
+TlsKeyOption = Annotated[
+    Path | None,
+    typer.Option("--tls-key", help="PEM private key of --tls-cert.", show_default=False),
+]
+TlsClientCaOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-client-ca",
+        help="PEM CA: HTTPS clients must then present a certificate it signed (mutual TLS).",
         show_default=False,
     ),
 ]

@@ -5,6 +5,10 @@
 TLS, reconnect backoff and TCP_NODELAY (paho leaves Nagle on, which costs tens
 of milliseconds per QoS 1 round trip on loopback). ``resolve_protocol`` finds
 whether a broker speaks MQTT 5 when settings say ``"auto"``.
+``TlsSettings`` (PEM paths: a CA, a certificate and its key) also serves the
+HTTP servers and the device's CDN client; ``TlsSettings.from_files`` and
+``MqttSettings.with_tls`` turn the commands' ``--…-ca/--…-cert/--…-key``
+options into settings, checked once for all of them.
 
 paho-mqtt is imported inside the functions, so the codec half of ``shared``
 works without it.
@@ -13,6 +17,7 @@ works without it.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import ssl
 import threading
@@ -33,12 +38,44 @@ Protocol = Literal["auto", "5", "3.1.1"]
 
 @dataclass(frozen=True, kw_only=True)
 class TlsSettings:
-    """TLS for the broker connection; paths are PEM files."""
+    """TLS for a connection; paths are PEM files.
+
+    For a client: the CA to trust and an optional client certificate. For a
+    server (``HttpServer``): its certificate and key, and ``ca_certs`` the CA
+    whose client certificates it requires.
+    """
 
     ca_certs: str | None = None  # None: the system trust store
     certfile: str | None = None  # client certificate, for mutual TLS
     keyfile: str | None = None
     insecure: bool = False  # skip hostname checks (test brokers only)
+
+    @classmethod
+    def from_files(
+        cls,
+        *,
+        ca_certs: str | os.PathLike[str] | None = None,
+        certfile: str | os.PathLike[str] | None = None,
+        keyfile: str | os.PathLike[str] | None = None,
+    ) -> TlsSettings | None:
+        """Settings from command-line file options; ``None`` when none is given.
+
+        Raises ``ConfigError`` for a file that is not there, or a certificate
+        without its key (or a key without its certificate).
+        """
+        given = {"CA": ca_certs, "certificate": certfile, "key": keyfile}
+        if all(path is None for path in given.values()):
+            return None
+        if (certfile is None) != (keyfile is None):
+            raise ConfigError("a TLS certificate needs its key, and a key its certificate")
+        for what, path in given.items():
+            if path is not None and not os.path.isfile(path):
+                raise ConfigError(f"TLS {what} file not found: {os.fspath(path)}")
+
+        def text(path: str | os.PathLike[str] | None) -> str | None:
+            return None if path is None else os.fspath(path)
+
+        return cls(ca_certs=text(ca_certs), certfile=text(certfile), keyfile=text(keyfile))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +135,24 @@ class MqttSettings:
             tls=TlsSettings() if secure else None,
         )
         return replace(settings, **options) if options else settings
+
+    def with_tls(
+        self,
+        *,
+        ca_certs: str | os.PathLike[str] | None = None,
+        certfile: str | os.PathLike[str] | None = None,
+        keyfile: str | os.PathLike[str] | None = None,
+    ) -> MqttSettings:
+        """These settings with a CA and client certificate (``TlsSettings.from_files``).
+
+        Only for an ``mqtts://`` URL: TLS files for a plain-text broker are a mistake.
+        """
+        tls = TlsSettings.from_files(ca_certs=ca_certs, certfile=certfile, keyfile=keyfile)
+        if tls is None:
+            return self
+        if self.tls is None:
+            raise ConfigError(f"TLS files given for {self.url}: use an mqtts:// broker URL")
+        return replace(self, tls=replace(tls, insecure=self.tls.insecure))
 
     @property
     def url(self) -> str:

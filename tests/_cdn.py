@@ -132,15 +132,19 @@ class NoWholeReadLocalStore(LocalBlobStore):
 
 
 @contextmanager
-def serve_in_thread(app: Any) -> Iterator[str]:
-    """Run ``app`` with real uvicorn on a free loopback port; yields its base URL."""
+def serve_in_thread(app: Any, ssl: dict[str, Any] | None = None) -> Iterator[str]:
+    """Run ``app`` with real uvicorn on a free loopback port; yields its base URL.
+
+    ``ssl``: uvicorn's ``ssl_*`` options (``ssl_certfile`` …): it then serves HTTPS.
+    """
     import uvicorn
 
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", **(ssl or {}))
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -149,7 +153,7 @@ def serve_in_thread(app: Any) -> Iterator[str]:
             if not thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("uvicorn did not start")
             time.sleep(0.01)
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'https' if ssl else 'http'}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=20)

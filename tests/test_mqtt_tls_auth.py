@@ -10,25 +10,18 @@ without an exception (pytest-timeout, 120 s, guards against a hang).
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import gc
-import ipaddress
 import re
 import shutil
 import threading
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import numpy as np
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from edge_agent import EdgeAgent, MqttUplink, OffloadPolicy, Source
 from edge_agent.runtimes import load_runtime
@@ -36,6 +29,7 @@ from shared import Message, MqttSettings, TlsSettings, create_client, resolve_pr
 
 from ._brokers import BrokerTls, MosquittoProcess, mosquitto_password_hash, write_password_file
 from ._models import linear_classifier_weights
+from ._pki import Pki, make_pki
 from ._responder import Responder
 
 USER, PASSWORD = "edge-7", "s3cret:p@ss/w%rd"  # URL-special characters, percent-escaped below
@@ -57,123 +51,9 @@ def sample(n: int = 1, seed: int = 3) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(n, 16)).astype(np.float32)
 
 
-# -- a throwaway PKI ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Pki:
-    ca: Path  # the CA that signed the server certificate
-    server_cert: Path
-    server_key: Path
-    rogue_ca: Path  # a CA that did not
-
-
-def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> Path:
-    path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.TraditionalOpenSSL,
-            serialization.NoEncryption(),
-        )
-    )
-    path.chmod(0o600)
-    return path
-
-
-def _write_cert(cert: x509.Certificate, path: Path) -> Path:
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return path
-
-
-def _make_ca(name: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return cert, key
-
-
-def _make_server_cert(
-    ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey
-) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = dt.datetime.now(dt.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=True,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    return cert, key
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    d = tmp_path_factory.mktemp("pki")
-    ca, ca_key = _make_ca("Tandem test CA")
-    server, server_key = _make_server_cert(ca, ca_key)
-    rogue, _ = _make_ca("Tandem test CA")  # same name, different key: must still be refused
-    return Pki(
-        ca=_write_cert(ca, d / "ca.pem"),
-        server_cert=_write_cert(server, d / "server.pem"),
-        server_key=_write_key(server_key, d / "server.key"),
-        rogue_ca=_write_cert(rogue, d / "rogue-ca.pem"),
-    )
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,11 @@ gets a free port, read back from ``port``); uvicorn installs no signal
 handlers outside the main thread. ``stop`` asks uvicorn to exit: it stops
 accepting, lets requests in flight finish for up to ``graceful_timeout_s``,
 then closes the connections.
+
+With ``tls`` it serves HTTPS: ``certfile``/``keyfile`` are its certificate,
+and ``ca_certs``, when set, the CA that must have signed every client's
+certificate (mutual TLS; a client without one fails the handshake). The
+files are read in ``start``, so a bad one raises there, in the caller.
 """
 
 from __future__ import annotations
@@ -16,14 +21,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 import threading
 import time
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from .._errors import HubError
+
+if TYPE_CHECKING:
+    from shared import TlsSettings
 
 __all__ = ["HttpServer"]
 
@@ -40,8 +49,12 @@ class HttpServer:
         host: str = "127.0.0.1",
         port: int = 8000,
         graceful_timeout_s: float = 5.0,
+        tls: TlsSettings | None = None,
     ) -> None:
+        if tls is not None and tls.certfile is None:
+            raise HubError("HTTPS needs the server's certificate and key (tls.certfile)")
         self.app = app
+        self.tls = tls
         self.host = host
         self.port = port
         self.graceful_timeout_s = graceful_timeout_s
@@ -53,7 +66,7 @@ class HttpServer:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     def start(self, timeout_s: float = 10.0) -> HttpServer:
         """Bind, start serving, and wait until uvicorn accepts. Raises ``HubError`` if not."""
@@ -77,7 +90,14 @@ class HttpServer:
             lifespan="off",
             ws="none",
             timeout_graceful_shutdown=max(1, round(self.graceful_timeout_s)),
+            **self._ssl_options(),
         )
+        try:
+            config.load()  # reads the TLS files: a bad one is this caller's error
+        except (OSError, ssl.SSLError) as e:
+            sock.close()
+            self._socket = None
+            raise HubError(f"HTTP: cannot use the TLS files: {e}") from e
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name="hub-http", daemon=True)
         self._thread.start()
@@ -106,6 +126,17 @@ class HttpServer:
                 log.warning("HTTP server on %s did not stop within %ss", self.url, timeout_s)
         if sock is not None:
             sock.close()
+
+    def _ssl_options(self) -> dict[str, Any]:
+        tls = self.tls
+        if tls is None:
+            return {}
+        return {
+            "ssl_certfile": tls.certfile,
+            "ssl_keyfile": tls.keyfile,
+            "ssl_ca_certs": tls.ca_certs,
+            "ssl_cert_reqs": ssl.CERT_REQUIRED if tls.ca_certs else ssl.CERT_NONE,
+        }
 
     def _run(self) -> None:
         assert self._server is not None and self._socket is not None

@@ -22,6 +22,10 @@ Invariants:
   continues the file only when its ETag and ``Content-Range`` match; a 200,
   or a 206 with another ETag, means the blob changed, and the download
   restarts from byte 0. Bytes of two different bodies are never spliced.
+- Over https:// with ``settings.tls``, the server's certificate must chain to
+  ``tls.ca_certs`` (pinned; else the system's CA store) and name the host;
+  ``tls.certfile``/``keyfile`` are the device's client certificate. A
+  certificate the device does not trust fails at once, without retries.
 - The digest is not checked here (the caller does, under its own step):
   a complete file is exactly ``size`` bytes, nothing more is promised.
 """
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import http.client
 import re
+import ssl
 import threading
 import time
 import urllib.error
@@ -39,7 +44,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from shared import validate_name
+from shared import TlsSettings, validate_name
 
 from .._errors import DownloadError, StoreError
 
@@ -59,6 +64,7 @@ class DownloadSettings:
     budget_factor: float = 3.0  # bytes read per blob: at most this x its size, plus a chunk
     max_blob_bytes: int = 1024**3  # refuse a manifest that declares a larger blob …
     max_raw_bytes: int = 2 * 1024**3  # … or a model that expands to more
+    tls: TlsSettings | None = None  # https://: the CA to pin, a client certificate
 
     def __post_init__(self) -> None:
         if not self.timeout_s > 0 or not self.retry_delay_s >= 0:
@@ -115,7 +121,10 @@ class CdnClient:
         self.base_url = base_url.rstrip("/")
         self.settings = settings or DownloadSettings()
         self._token = read_token
-        self._opener = urllib.request.build_opener(_AuthStaysHome())
+        handlers: list[urllib.request.BaseHandler] = [_AuthStaysHome()]
+        if self.settings.tls is not None:
+            handlers.append(urllib.request.HTTPSHandler(context=_ssl_context(self.settings.tls)))
+        self._opener = urllib.request.build_opener(*handlers)
 
     # -- URLs --------------------------------------------------------------------------------
 
@@ -196,6 +205,8 @@ class CdnClient:
                     discard_partial(partial)
                 raise DownloadError(f"GET {url}: HTTP {e.code} {e.reason}") from e
             except (OSError, http.client.HTTPException) as e:  # resets, timeouts: resume
+                if isinstance(getattr(e, "reason", e), ssl.SSLCertVerificationError):
+                    raise DownloadError(f"GET {url}: {e}") from e  # no retry changes that
                 last_error = f"{type(e).__name__}: {e}"
                 have = partial.stat().st_size if partial.is_file() else 0
                 etag = etag_file.read_text().strip() if etag_file.is_file() else None
@@ -277,6 +288,19 @@ class CdnClient:
         if self._token is not None:
             request.add_header("Authorization", f"Bearer {self._token}")
         return self._opener.open(request, timeout=self.settings.timeout_s)
+
+
+def _ssl_context(tls: TlsSettings) -> ssl.SSLContext:
+    """A client context: verifies the server against ``ca_certs`` (or the system's CAs)."""
+    try:
+        context = ssl.create_default_context(cafile=tls.ca_certs)
+        if tls.certfile is not None:
+            context.load_cert_chain(tls.certfile, tls.keyfile)
+    except (OSError, ssl.SSLError) as e:
+        raise ValueError(f"CDN TLS files: {e}") from e
+    if tls.insecure:
+        context.check_hostname = False
+    return context
 
 
 def _wait(cancel: threading.Event | None, delay_s: float) -> bool:
