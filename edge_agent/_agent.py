@@ -17,7 +17,9 @@ local answer marked ``edge-fallback``.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import secrets
 import threading
 import time
 from collections import Counter
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared import ErrorCode, Limits, Message, MqttSettings, Topics, TransferOptions, new_request_id
+from shared import ErrorCode, Limits, Message, MqttSettings, Topics, TransferOptions
 
 from ._breaker import CircuitBreaker
 from ._errors import InvalidInputError, NoAnswerError, UplinkError
@@ -124,6 +126,11 @@ class BaseAgent:
         self.network_estimator = network_estimator or NetworkEstimator()
         self.stats = AgentStats()
         self._stats_lock = threading.Lock()
+        # Request ids: a random per-instance prefix and a counter (a uuid per call cost
+        # more than the rest of the local path's bookkeeping); unique on this device's
+        # reply topic across restarts, which is all correlation needs.
+        self._id_prefix = secrets.token_hex(6)
+        self._ids = itertools.count(1)
         self.telemetry = TelemetryRecorder(window=latency_window)
         self._local_inflight = 0
         self.uplink: MqttUplink | None = None
@@ -147,7 +154,7 @@ class BaseAgent:
         if not deadline > 0:
             raise InvalidInputError(f"deadline_ms must be positive, got {deadline_ms!r}")
         return _Call(
-            request_id=new_request_id(),
+            request_id=f"{self._id_prefix}{next(self._ids):x}",
             inputs=named,
             deadline_ms=deadline,
             started=started,
@@ -419,7 +426,7 @@ class EdgeAgent(BaseAgent):
         self._local_inflight += 1
         t0 = time.perf_counter()
         try:
-            outputs = call.runtime.run(call.inputs)
+            outputs = call.runtime.run_validated(call.inputs)  # _begin validated them
         finally:
             self._local_inflight -= 1
         self._local_done(call, outputs, (time.perf_counter() - t0) * 1000.0)
@@ -479,7 +486,7 @@ class AsyncEdgeAgent(BaseAgent):
         self._local_inflight += 1
         t0 = time.perf_counter()
         try:
-            outputs = await asyncio.to_thread(runtime.run, call.inputs)
+            outputs = await asyncio.to_thread(runtime.run_validated, call.inputs)
         finally:
             self._local_inflight -= 1
         self._local_done(call, outputs, (time.perf_counter() - t0) * 1000.0)

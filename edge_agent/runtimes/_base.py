@@ -123,7 +123,10 @@ class ModelRuntime(ABC):
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Validate, then run the model. Raises ``InvalidInputError`` or ``InferenceError``."""
-        checked = self.validate(inputs)
+        return self.run_validated(self.validate(inputs))
+
+    def run_validated(self, checked: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run inputs that ``validate`` returned (the agent checks once, before routing)."""
         try:
             return self._run(checked)
         except InvalidInputError:
