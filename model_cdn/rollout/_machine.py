@@ -1,0 +1,501 @@
+"""The rollout state machine: staged, health-gated rollout of one model version.
+
+Pure: no I/O, no clock, no threads. Time comes in as ``now`` (seconds, any
+epoch); every event or command returns the ``Action``s (``Assign``, ``Unassign``,
+``Notify``) that the controller must carry out. ``to_dict``/``from_dict`` give a
+JSON-able snapshot from which a restarted controller resumes exactly.
+
+States::
+
+    pending ──start──▶ running(wave k) ──tick: gates OK──▶ running(wave k+1) … ──▶ completed
+                         │  ▲    │
+               pause()   ▼  │    │ failure rate / health gate tripped (automatic)
+                       paused ◀──┴──▶ halted      (both leave only via resume())
+    pending | running | paused | halted ──abort()──▶ aborted
+    running | paused | halted | completed | aborted ──rollback()──▶ rolling_back ──▶ rolled_back
+
+Gates. The next wave starts on ``tick(now)`` once ``soak_s`` has passed since the
+current wave started, at least ``min(min_reports, wave size)`` devices of the
+wave reported a final state, the failure gate holds and the enabled health gates
+have enough samples and hold. The last wave completes when, in addition, every
+device of the rollout has a final state (installed, failed or timed out).
+
+Invariants (``check_invariants`` asserts them):
+
+1. A device belongs to exactly one wave, a wave that has started (its index is
+   at most the current wave); records exist only for started waves.
+2. A device is assigned the new version at most once (so at most once per
+   wave), and the previous version (``rollback=True``) at most once.
+3. The failure rate is failed-or-timed-out devices over all devices of the
+   waves started so far, reports of several waves counting together.
+4. Queued (not yet assigned) devices exist only in the current wave while the
+   rollout is paused or halted; running assigns them at once.
+5. The wave index never decreases and advances only in ``tick`` while running;
+   halted and paused never advance or assign without ``resume``.
+6. completed, aborted and rolled_back are terminal, except that completed and
+   aborted (like running, paused and halted) may be rolled back with ``rollback()``.
+7. rolled_back is reached only when every device that was assigned the new
+   version has reported ``rolled-back`` or ``installed`` of the previous version.
+
+Messy input is expected and harmless: reports from devices not in the rollout,
+for other versions, duplicates, and reports older than the device's last one
+(by ``now``) are ignored; a late report after a timeout replaces the timeout.
+``resume`` accepts the failures and health data seen so far: the failure gate
+trips again only on a new failure, the health gate only on new health data.
+
+Exceptions::
+
+    model_cdn.CdnError
+    └── RolloutStateError   a command that the current state does not allow
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .._errors import CdnError
+from ._spec import RolloutSpec, plan_waves
+
+__all__ = [
+    "Action",
+    "Assign",
+    "DeviceStatus",
+    "HealthMetrics",
+    "Notify",
+    "Rollout",
+    "RolloutState",
+    "RolloutStateError",
+    "Unassign",
+]
+
+_FORMAT = 1
+
+
+class RolloutStateError(CdnError):
+    """The command is not allowed in the rollout's current state."""
+
+
+class RolloutState(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    PAUSED = "paused"
+    HALTED = "halted"
+    COMPLETED = "completed"
+    ABORTED = "aborted"
+    ROLLING_BACK = "rolling_back"
+    ROLLED_BACK = "rolled_back"
+
+
+class DeviceStatus(enum.StrEnum):
+    QUEUED = "queued"  # in a started wave, not yet assigned (rollout paused or halted)
+    ASSIGNED = "assigned"
+    INSTALLED = "installed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"  # assignment withdrawn by abort() before the device reported
+    ROLLBACK_ASSIGNED = "rollback_assigned"
+    ROLLBACK_FAILED = "rollback_failed"  # still awaited: the controller may retry
+    ROLLED_BACK = "rolled_back"
+
+
+_FINAL = {DeviceStatus.INSTALLED, DeviceStatus.FAILED, DeviceStatus.TIMED_OUT}
+_FAILED = {DeviceStatus.FAILED, DeviceStatus.TIMED_OUT}
+_ACTIVE = {RolloutState.RUNNING, RolloutState.PAUSED, RolloutState.HALTED}
+
+
+@dataclass(frozen=True)
+class Assign:
+    device: str
+    version: int
+    rollback: bool = False
+
+
+@dataclass(frozen=True)
+class Unassign:
+    device: str
+
+
+@dataclass(frozen=True)
+class Notify:
+    state: RolloutState
+    wave: int  # 0-based; -1 before the first wave
+    reason: str = ""
+
+
+Action = Assign | Unassign | Notify
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthMetrics:
+    """Aggregated telemetry of the devices running one version; ``None``: not measured."""
+
+    samples: int = 0
+    error_rate: float | None = None
+    p99_latency_ms: float | None = None
+    offload_rate: float | None = None
+    agreement: float | None = None  # edge-cloud agreement on offloaded samples
+
+    @classmethod
+    def coerce(cls, m: HealthMetrics | Mapping[str, Any]) -> HealthMetrics:
+        if isinstance(m, HealthMetrics):
+            return m
+        return cls(**{k: m[k] for k in cls.__dataclass_fields__ if k in m})
+
+
+@dataclass
+class _Device:
+    wave: int
+    status: DeviceStatus
+    assigned_at: float | None = None
+    reported_at: float | None = None
+    assigns: int = 0
+    rollback_assigns: int = 0
+
+
+def _order_key(spec: RolloutSpec, device: str) -> str:
+    # Deterministic but spread out: the first wave is not "the devices whose names sort first".
+    return hashlib.sha256(f"{spec.model}/{spec.version}/{device}".encode()).hexdigest()
+
+
+class Rollout:
+    """The state of one rollout; feed it events, carry out the actions it returns."""
+
+    def __init__(self, spec: RolloutSpec) -> None:
+        self.spec = spec
+        self.state = RolloutState.PENDING
+        self.wave = -1
+        self.wave_ends: list[int] = []  # cumulative device counts of the planned fleet
+        self.order: list[str] = []  # the planned fleet, in wave order
+        self.devices: dict[str, _Device] = {}
+        self.wave_started_at: float | None = None
+        self.reason = ""
+        self.health_by_version: dict[int, HealthMetrics] = {}
+        self.waived_failures = -1  # failed count accepted by resume(); -1: none
+        self.health_waived = False
+        self.ignored_reports = 0
+
+    # ----------------------------------------------------------------- queries
+
+    @property
+    def failed(self) -> int:
+        return sum(d.status in _FAILED for d in self.devices.values())
+
+    @property
+    def failure_rate(self) -> float:
+        return self.failed / len(self.devices) if self.devices else 0.0
+
+    def wave_devices(self, k: int) -> list[str]:
+        return [n for n, d in self.devices.items() if d.wave == k]
+
+    def health_verdict(self) -> tuple[bool, str]:
+        """(ready, failure): ready once every enabled gate has data; failure names a tripped one."""
+        s = self.spec
+        if not s.health_gated:
+            return True, ""
+        new = self.health_by_version.get(s.version)
+        old = self.health_by_version.get(s.previous_version)
+        if new is None or old is None:
+            return False, ""
+        if min(new.samples, old.samples) < s.min_health_samples:
+            return False, ""
+        ready, failure = True, ""
+        checks = (
+            ("error_rate", s.max_error_rate_increase, lambda n, o, m: n - o > m),
+            ("p99_latency_ms", s.max_p99_latency_ratio, lambda n, o, m: n > o * m),
+            ("offload_rate", s.max_offload_rate_increase, lambda n, o, m: n - o > m),
+            ("agreement", s.max_agreement_drop, lambda n, o, m: o - n > m),
+        )
+        for name, margin, worse in checks:
+            if margin is None:
+                continue
+            n, o = getattr(new, name), getattr(old, name)
+            if n is None or o is None:
+                ready = False
+            elif not failure and worse(n, o, margin):
+                failure = f"health gate: {name} {o:g} → {n:g} (margin {margin:g})"
+        return ready, failure
+
+    # ------------------------------------------------------------------ events
+
+    def start(self, devices: Mapping[str, Mapping[str, str]], now: float) -> list[Action]:
+        """Start wave 0 over the ``devices`` (id → labels) that match the target.
+
+        Raises ``ValueError`` when the fleet is empty or a wave would hold 0 devices.
+        """
+        self._require({RolloutState.PENDING}, "start")
+        fleet = sorted(
+            (n for n, labels in devices.items() if self.spec.matches(labels)),
+            key=lambda n: (_order_key(self.spec, n), n),
+        )
+        self.wave_ends = plan_waves(self.spec, len(fleet))
+        self.order = fleet
+        self.state = RolloutState.RUNNING
+        return self._start_wave(0, now)
+
+    def device_joined(self, device: str, labels: Mapping[str, str], now: float) -> list[Action]:
+        """A device came online: a new matching one joins the current wave."""
+        if self.state not in _ACTIVE or device in self.devices or not self.spec.matches(labels):
+            return []
+        self.devices[device] = _Device(wave=self.wave, status=DeviceStatus.QUEUED)
+        if self.state is RolloutState.RUNNING:
+            return self._assign([device], now)
+        return []
+
+    def report(self, device: str, state: str, version: int, now: float) -> list[Action]:
+        """A device's update status (``installed``, ``failed``, ``rolled-back``; others ignored)."""
+        d = self.devices.get(device)
+        if d is None or (d.reported_at is not None and now < d.reported_at):
+            self.ignored_reports += 1
+            return []
+        state = str(state)
+        if self.state in (RolloutState.ROLLING_BACK, RolloutState.ROLLED_BACK):
+            return self._rollback_report(device, d, state, version, now)
+        if self.state is RolloutState.PENDING or version != self.spec.version:
+            self.ignored_reports += 1
+            return []
+        if d.status is DeviceStatus.QUEUED:
+            self.ignored_reports += 1
+            return []
+        if state == "installed":
+            new = DeviceStatus.INSTALLED
+        elif state in ("failed", "rolled-back"):  # rolled-back: the device undid the update itself
+            new = DeviceStatus.FAILED
+        else:
+            return []  # progress (downloading, verifying): no decision
+        d.status, d.reported_at = new, now
+        return self._check_gates()
+
+    def health(self, version: int, metrics: HealthMetrics | Mapping[str, Any]) -> list[Action]:
+        """Aggregated telemetry of the devices running ``version`` (latest replaces earlier)."""
+        if version not in (self.spec.version, self.spec.previous_version):
+            return []
+        self.health_by_version[version] = HealthMetrics.coerce(metrics)
+        self.health_waived = False
+        return self._check_gates()
+
+    def tick(self, now: float) -> list[Action]:
+        """Time passes: time out silent devices, then start the next wave or complete."""
+        if self.state not in _ACTIVE:
+            return []
+        for d in self.devices.values():
+            if (
+                d.status is DeviceStatus.ASSIGNED
+                and d.assigned_at is not None
+                and now - d.assigned_at >= self.spec.device_timeout_s
+            ):
+                d.status = DeviceStatus.TIMED_OUT
+        actions = self._check_gates()
+        if self.state is not RolloutState.RUNNING or not self._wave_done(now):
+            return actions
+        if self.wave == len(self.wave_ends) - 1:
+            if all(d.status in _FINAL for d in self.devices.values()):
+                return [*actions, *self._become(RolloutState.COMPLETED, "")]
+            return actions
+        return [*actions, *self._start_wave(self.wave + 1, now)]
+
+    # ---------------------------------------------------------------- commands
+
+    def pause(self) -> list[Action]:
+        if self.state in (RolloutState.PAUSED, RolloutState.HALTED):
+            return []
+        self._require({RolloutState.RUNNING}, "pause")
+        return self._become(RolloutState.PAUSED, "paused by operator")
+
+    def resume(self, now: float) -> list[Action]:
+        """Leave paused or halted; accepts the failures and health data seen so far."""
+        if self.state is RolloutState.RUNNING:
+            return []
+        self._require({RolloutState.PAUSED, RolloutState.HALTED}, "resume")
+        self.waived_failures = self.failed
+        self.health_waived = True
+        actions = self._become(RolloutState.RUNNING, "resumed")
+        queued = [n for n, d in self.devices.items() if d.status is DeviceStatus.QUEUED]
+        return [*actions, *self._assign(queued, now)]
+
+    def abort(self) -> list[Action]:
+        """Stop for good; assignments not yet reported on are withdrawn, queued devices dropped."""
+        if self.state is RolloutState.ABORTED:
+            return []
+        self._require({RolloutState.PENDING, *_ACTIVE}, "abort")
+        actions: list[Action] = []
+        for n, d in self.devices.items():
+            if d.status is DeviceStatus.ASSIGNED:
+                actions.append(Unassign(n))
+            if d.status in (DeviceStatus.ASSIGNED, DeviceStatus.QUEUED):
+                d.status = DeviceStatus.CANCELLED
+        return [*actions, *self._become(RolloutState.ABORTED, "aborted by operator")]
+
+    def rollback(self, now: float) -> list[Action]:
+        """Send every device that was assigned the new version back to the previous one."""
+        if self.state in (RolloutState.ROLLING_BACK, RolloutState.ROLLED_BACK):
+            return []
+        self._require({*_ACTIVE, RolloutState.COMPLETED, RolloutState.ABORTED}, "roll back")
+        actions: list[Action] = []
+        for n, d in self.devices.items():
+            if d.assigns == 0:
+                continue  # never told to change: nothing to undo
+            d.status, d.assigned_at = DeviceStatus.ROLLBACK_ASSIGNED, now
+            d.rollback_assigns += 1
+            actions.append(Assign(n, self.spec.previous_version, rollback=True))
+        actions += self._become(RolloutState.ROLLING_BACK, "rollback requested")
+        return [*actions, *self._maybe_rolled_back()]
+
+    # ---------------------------------------------------------------- internal
+
+    def _require(self, allowed: Iterable[RolloutState], what: str) -> None:
+        if self.state not in set(allowed):
+            raise RolloutStateError(f"cannot {what} a rollout that is {self.state.value}")
+
+    def _become(self, state: RolloutState, reason: str) -> list[Action]:
+        self.state, self.reason = state, reason
+        return [Notify(state, self.wave, reason)]
+
+    def _assign(self, names: Iterable[str], now: float) -> list[Action]:
+        actions: list[Action] = []
+        for n in names:
+            d = self.devices[n]
+            if d.status is not DeviceStatus.QUEUED:
+                continue
+            d.status, d.assigned_at = DeviceStatus.ASSIGNED, now
+            d.assigns += 1
+            actions.append(Assign(n, self.spec.version))
+        return actions
+
+    def _start_wave(self, k: int, now: float) -> list[Action]:
+        lo = self.wave_ends[k - 1] if k > 0 else 0
+        self.wave, self.wave_started_at = k, now
+        new = [n for n in self.order[lo : self.wave_ends[k]] if n not in self.devices]
+        for n in new:
+            self.devices[n] = _Device(wave=k, status=DeviceStatus.QUEUED)
+        return [
+            Notify(self.state, k, f"wave {k + 1} of {len(self.wave_ends)}"),
+            *self._assign(new, now),
+        ]
+
+    def _wave_done(self, now: float) -> bool:
+        assert self.wave_started_at is not None
+        if now - self.wave_started_at < self.spec.soak_s:
+            return False
+        members = [self.devices[n] for n in self.wave_devices(self.wave)]
+        reported = sum(d.status in _FINAL for d in members)
+        if reported < min(self.spec.min_reports, len(members)):
+            return False
+        # resume() waives a tripped gate, never missing data
+        ready, failure = self.health_verdict()
+        return ready and (not failure or self.health_waived)
+
+    def _check_gates(self) -> list[Action]:
+        """Halt when a gate trips; only while running or paused."""
+        if self.state not in (RolloutState.RUNNING, RolloutState.PAUSED):
+            return []
+        if self.failure_rate > self.spec.max_failure_rate and self.failed > self.waived_failures:
+            return self._become(
+                RolloutState.HALTED,
+                f"failure rate {self.failed}/{len(self.devices)} above "
+                f"{self.spec.max_failure_rate:g}",
+            )
+        _, failure = self.health_verdict()
+        if failure and not self.health_waived:
+            return self._become(RolloutState.HALTED, failure)
+        return []
+
+    def _rollback_report(
+        self, device: str, d: _Device, state: str, version: int, now: float
+    ) -> list[Action]:
+        if d.status not in (DeviceStatus.ROLLBACK_ASSIGNED, DeviceStatus.ROLLBACK_FAILED):
+            self.ignored_reports += 1
+            return []
+        back = (state == "installed" and version == self.spec.previous_version) or (
+            state == "rolled-back" and version in (self.spec.version, self.spec.previous_version)
+        )
+        if back:
+            d.status = DeviceStatus.ROLLED_BACK
+        elif state == "failed" and version == self.spec.previous_version:
+            d.status = DeviceStatus.ROLLBACK_FAILED
+        else:
+            self.ignored_reports += 1
+            return []
+        d.reported_at = now
+        return self._maybe_rolled_back()
+
+    def _maybe_rolled_back(self) -> list[Action]:
+        if self.state is not RolloutState.ROLLING_BACK:
+            return []
+        if all(d.status is DeviceStatus.ROLLED_BACK for d in self.devices.values() if d.assigns):
+            return self._become(
+                RolloutState.ROLLED_BACK, "every device is back on the previous version"
+            )
+        return []
+
+    # ----------------------------------------------------------- persistence
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": _FORMAT,
+            "spec": self.spec.to_dict(),
+            "state": self.state.value,
+            "wave": self.wave,
+            "wave_ends": list(self.wave_ends),
+            "order": list(self.order),
+            "devices": {
+                n: {**asdict(d), "status": d.status.value} for n, d in self.devices.items()
+            },
+            "wave_started_at": self.wave_started_at,
+            "reason": self.reason,
+            "health": {str(v): asdict(m) for v, m in self.health_by_version.items()},
+            "waived_failures": self.waived_failures,
+            "health_waived": self.health_waived,
+            "ignored_reports": self.ignored_reports,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Rollout:
+        if d.get("format") != _FORMAT:
+            raise ValueError(f"unsupported rollout snapshot format {d.get('format')!r}")
+        r = cls(RolloutSpec.from_dict(d["spec"]))
+        r.state = RolloutState(d["state"])
+        r.wave = int(d["wave"])
+        r.wave_ends = [int(x) for x in d["wave_ends"]]
+        r.order = list(d["order"])
+        r.devices = {
+            n: _Device(**{**rec, "status": DeviceStatus(rec["status"])})
+            for n, rec in d["devices"].items()
+        }
+        r.wave_started_at = d["wave_started_at"]
+        r.reason = d["reason"]
+        r.health_by_version = {int(v): HealthMetrics(**m) for v, m in d["health"].items()}
+        r.waived_failures = int(d["waived_failures"])
+        r.health_waived = bool(d["health_waived"])
+        r.ignored_reports = int(d["ignored_reports"])
+        return r
+
+    # ------------------------------------------------------------- invariants
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` naming the first invariant (module docstring) that fails."""
+        s = self.state
+        if s is RolloutState.PENDING and (self.devices or self.wave != -1):
+            raise AssertionError("1: a pending rollout has no devices")
+        for n, d in self.devices.items():
+            if not 0 <= d.wave <= self.wave:
+                raise AssertionError(f"1: {n} is in wave {d.wave}, current {self.wave}")
+            if d.assigns > 1 or d.rollback_assigns > 1:
+                raise AssertionError(f"2: {n} assigned {d.assigns}/{d.rollback_assigns} times")
+            if d.status is DeviceStatus.QUEUED and (
+                d.wave != self.wave or s not in (RolloutState.PAUSED, RolloutState.HALTED)
+            ):
+                raise AssertionError(f"4: {n} queued in wave {d.wave} while {s.value}")
+        if self.wave_ends and not 0 <= self.wave < len(self.wave_ends):
+            raise AssertionError(f"5: wave {self.wave} outside the plan")
+        if s is RolloutState.COMPLETED and any(
+            d.status not in _FINAL for d in self.devices.values()
+        ):
+            raise AssertionError("completed with devices still awaited")
+        if s is RolloutState.ROLLED_BACK and any(
+            d.status is not DeviceStatus.ROLLED_BACK for d in self.devices.values() if d.assigns
+        ):
+            raise AssertionError("7: rolled back with devices not back")
