@@ -12,8 +12,11 @@ from ._report import write_markdown, write_result
 
 # CLI name -> module; each module has ``run() -> dict`` returning a result (see _report).
 PARTS = {
-    "collaboration": "bench.collaboration",
-    "edge-overhead": "bench.edge_overhead",
+    "collaboration": "bench.collaboration",  # (a)
+    "round-trip": "bench.round_trip",  # (b)
+    "hub-throughput": "bench.hub_throughput",  # (c)
+    "edge-overhead": "bench.edge_overhead",  # (d)
+    "distribution": "bench.distribution",  # (e)
 }
 
 

@@ -11,6 +11,8 @@ Exception tree::
         │   └── BlobNotFoundError        no blob with that digest
         ├── RegistryError                the registry database failed or refused
         │   ├── ModelNotFoundError       no such model or version
+        │   ├── DeviceNotFoundError      no device with that id in the fleet registry
+        │   ├── RolloutNotFoundError     no rollout with that id
         │   └── VersionConflictError     the version is not above the latest one
         ├── InvalidNameError (ValueError) a model name or digest that is not allowed
         │                                (path traversal, wildcards)
@@ -28,11 +30,13 @@ __all__ = [
     "AuthError",
     "BlobNotFoundError",
     "CdnError",
+    "DeviceNotFoundError",
     "InvalidNameError",
     "ModelNotFoundError",
     "PublishError",
     "QuantizationError",
     "RegistryError",
+    "RolloutNotFoundError",
     "StoreError",
     "ValidationError",
     "VersionConflictError",
@@ -69,6 +73,14 @@ class RegistryError(CdnError):
 
 class ModelNotFoundError(RegistryError):
     """No such model or version."""
+
+
+class DeviceNotFoundError(RegistryError):
+    """No device with that id has been seen."""
+
+
+class RolloutNotFoundError(RegistryError):
+    """No rollout with that id."""
 
 
 class VersionConflictError(RegistryError):

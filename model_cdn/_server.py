@@ -71,10 +71,12 @@ from ._auth import AuthDenied, CdnAuth
 from ._errors import (
     AuthError,
     BlobNotFoundError,
+    DeviceNotFoundError,
     CdnError,
     InvalidNameError,
     ModelNotFoundError,
     RegistryError,
+    RolloutNotFoundError,
     StoreError,
     VersionConflictError,
 )
@@ -116,6 +118,8 @@ def _status_of(error: TandemError) -> int:
         (ManifestError, 400),  # includes SignatureError and ExpiredError
         (ModelNotFoundError, 404),
         (BlobNotFoundError, 404),
+        (DeviceNotFoundError, 404),
+        (RolloutNotFoundError, 404),
         (VersionConflictError, 409),
         (RegistryError, 503),
         (StoreError, 503),
