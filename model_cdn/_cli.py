@@ -336,6 +336,9 @@ def models_assign(
                 validate_name(d, "device id")
             settings = _mqtt_settings(broker, mqtt_ca, mqtt_cert, mqtt_key)
             topics = Topics(prefix)
+            if sign_key is not None and settings is None:
+                raise ValueError("--sign-key runs rollouts, which need --broker")
+            signer = None if sign_key is None else load_key(sign_key, command)
         except ValueError as e:
             fail(command, str(e), 2)
         key = load_key(sign_key, command)
@@ -449,6 +452,18 @@ def cdn_serve(
         ),
     ] = None,
     prefix: Annotated[str, typer.Option("--prefix", help="MQTT topic prefix.")] = "tandem/v1",
+    sign_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--sign-key",
+            envvar="TANDEM_SIGN_KEY",
+            help="Private key that signs the assignments of rollouts (devices must trust "
+            "its public key). With --broker it turns on the rollout controller and the "
+            "fleet registry ('tandem rollout', 'tandem fleet list').",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
     log_level: Annotated[
         str, typer.Option("--log-level", help="debug, info, warning or error.")
     ] = "info",
@@ -462,7 +477,10 @@ def cdn_serve(
     """Serve models, signed manifests, blobs (ranges, immutable caching) and assignments.
 
     Devices download from here (or from a CDN in front of it); publishers and
-    'tandem models assign' write through the admin API. --tls-cert and
+    'tandem models assign' write through the admin API. With --broker and
+    --sign-key the server also hears the fleet's heartbeats and update reports
+    and runs staged rollouts ('tandem rollout start'), keeping their state in
+    the registry so a restart resumes them. --tls-cert and
     --tls-key serve HTTPS (--tls-client-ca: mutual TLS); --mqtt-ca,
     --mqtt-cert and --mqtt-key are for an mqtts:// broker.
 
@@ -474,6 +492,7 @@ def cdn_serve(
     command = "cdn serve"
     if log_level not in ("debug", "info", "warning", "error"):
         fail(command, f"--log-level must be debug, info, warning or error, got {log_level!r}", 2)
+    signer = None
     with clean_errors(command):
         try:
             keys = [_trusted_key(k) for k in trusted_key or []]
@@ -494,7 +513,14 @@ def cdn_serve(
 
         guard = None if api_keys is None else ApiKeyGuard.from_file(api_keys)
         reg = open_registry_for(registry, create=True)
+        service = None
         try:
+            if signer is not None:
+                from .rollout._service import FleetService
+
+                service = FleetService(reg, signer, settings, topics).start()
+            elif settings is not None:
+                typer.echo("note: no --sign-key, so rollouts are off", err=True)
             app = create_app(
                 registry=reg,
                 store=open_store(store),
@@ -504,6 +530,7 @@ def cdn_serve(
                 mqtt=settings,
                 topics=topics,
                 api_keys=guard,
+                controller=None if service is None else service.controller,
             )
             if admin_token is None and guard is None:
                 typer.echo("note: no --admin-token, so the admin API is off (read-only)", err=True)
@@ -513,4 +540,6 @@ def cdn_serve(
                 )
             uvicorn.run(app, host=host, port=port, log_level=log_level, **_ssl_options(tls))
         finally:
+            if service is not None:
+                service.stop()
             reg.close()

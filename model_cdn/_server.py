@@ -71,8 +71,8 @@ from ._auth import AuthDenied, CdnAuth
 from ._errors import (
     AuthError,
     BlobNotFoundError,
-    DeviceNotFoundError,
     CdnError,
+    DeviceNotFoundError,
     InvalidNameError,
     ModelNotFoundError,
     RegistryError,
@@ -81,14 +81,18 @@ from ._errors import (
     VersionConflictError,
 )
 from ._ranges import RangeNotSatisfiableError, etag_matches, plan_range
+from ._rollout_routes import add_rollout_routes
 from .registry import Registry
 from .registry._rows import assignment_fields, check_name, dump_document, manifest_fields
+from .rollout import RolloutStateError
+from .rollout._controller import RolloutConflictError
 from .store import BlobStore, check_digest
 
 __all__ = ["create_app"]
 
 if TYPE_CHECKING:
     from ._metrics import CdnMetrics
+    from .rollout._controller import RolloutController
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +125,8 @@ def _status_of(error: TandemError) -> int:
         (DeviceNotFoundError, 404),
         (RolloutNotFoundError, 404),
         (VersionConflictError, 409),
+        (RolloutStateError, 409),
+        (RolloutConflictError, 409),
         (RegistryError, 503),
         (StoreError, 503),
     ):
@@ -188,6 +194,7 @@ def create_app(
     topics: Topics = Topics(),  # noqa: B008 - frozen dataclass, safe as a default
     max_blob_bytes: int = MAX_BLOB_BYTES,
     api_keys: ApiKeyGuard | None = None,
+    controller: RolloutController | None = None,
 ) -> FastAPI:
     """The CDN app over ``registry`` and ``store``.
 
@@ -197,7 +204,9 @@ def create_app(
     (or a token). ``trusted_keys`` set makes
     uploads of manifests and assignments need a signature by one of them
     (devices check again; this only stops mistakes early). ``mqtt`` set makes
-    an assignment PUT also publish it, retained, to the device.
+    an assignment PUT also publish it, retained, to the device. ``controller``
+    set turns on the rollout API (``_rollout_routes``); the caller starts and
+    stops it.
     """
     for what, token in (("admin", admin_token), ("read", read_token)):
         if token is not None and (not token or not token.isprintable() or " " in token):
@@ -436,6 +445,14 @@ def create_app(
 
         return JSONResponse(await run_in_threadpool(assign))
 
+    add_rollout_routes(
+        app,
+        controller=controller,
+        registry=registry,
+        dependencies=rollout,
+        read_json=_read_json,
+        http_error=HttpError,
+    )
     return app
 
 

@@ -42,6 +42,7 @@ from ._errors import (
     TensorError,
     UnsupportedVersionError,
 )
+from ._fleet_report import DeviceReport
 from ._limits import Limits
 from ._logging import configure_logging
 from ._manifest import (
@@ -90,6 +91,7 @@ __all__ = [
     "BlobRef",
     "ConfigError",
     "DeltaRef",
+    "DeviceReport",
     "ErrorCode",
     "ExpiredError",
     "FrameError",

@@ -83,6 +83,25 @@ class MemoryRegistry(Registry):
     def get_assignment(self, device: str, model: str) -> dict[str, Any] | None:
         raise NotImplementedError
 
+    # the fleet's devices and rollouts are not the publish pipeline's business
+    def upsert_devices(self, records: Any) -> None:
+        raise NotImplementedError
+
+    def get_device(self, device: str) -> Any:
+        raise NotImplementedError
+
+    def list_devices(self) -> list[Any]:
+        raise NotImplementedError
+
+    def put_rollout(self, record: Any) -> None:
+        raise NotImplementedError
+
+    def get_rollout(self, rollout_id: str) -> Any:
+        raise NotImplementedError
+
+    def list_rollouts(self) -> list[Any]:
+        raise NotImplementedError
+
 
 @pytest.fixture(scope="module")
 def demo() -> DemoModels:

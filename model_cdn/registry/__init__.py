@@ -1,4 +1,11 @@
-"""Where model versions, their signed manifests and device assignments are recorded.
+"""Where model versions, their signed manifests, device assignments, the fleet's
+devices and rollouts are recorded.
+
+Tables (layout in ``_rows``): ``models``, ``versions``, ``assignments``,
+``devices`` (``DeviceRecord``: labels, capabilities, models running, first and
+last seen, last telemetry) and ``rollouts`` (``RolloutRecord``: indexed fields
+plus the controller's JSON snapshot). Opening a registry creates the tables it
+lacks, so one made before the fleet tables existed gains them.
 
 ``open_registry(url)`` picks the backend from a URL:
 
@@ -16,13 +23,21 @@ import typing as _typing
 from pathlib import Path as _Path
 
 from .._errors import RegistryError as _RegistryError
-from ._base import Registry, VersionRecord
+from ._base import DeviceRecord, Registry, RolloutRecord, VersionRecord
 from ._sqlite import SqliteRegistry
 
 if _typing.TYPE_CHECKING:
     from ._postgres import PostgresRegistry
 
-__all__ = ["PostgresRegistry", "Registry", "SqliteRegistry", "VersionRecord", "open_registry"]
+__all__ = [
+    "DeviceRecord",
+    "PostgresRegistry",
+    "Registry",
+    "RolloutRecord",
+    "SqliteRegistry",
+    "VersionRecord",
+    "open_registry",
+]
 
 
 def open_registry(url: str | _Path, *, create: bool = True) -> Registry:

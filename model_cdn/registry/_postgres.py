@@ -12,29 +12,48 @@ Connections: a small pool of psycopg 3 connections in autocommit mode, one
 per concurrent caller (the HTTP server calls from a thread pool); writes open
 an explicit transaction. A connection that broke (server restart) is dropped
 and replaced on the next call. Credentials never appear in error messages.
+
+Tables: ``models``, ``versions``, ``assignments``, ``devices`` and
+``rollouts`` (layout in ``_rows``), each created when missing. A batch of
+devices goes in one transaction with one ``executemany`` (psycopg pipelines
+it: one round trip per batch, not per row), in id order so that two
+overlapping batches lock rows in the same order and never deadlock.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
 
-from .._errors import ModelNotFoundError, RegistryError, VersionConflictError
-from ._base import Registry, VersionRecord
+from .._errors import (
+    DeviceNotFoundError,
+    ModelNotFoundError,
+    RegistryError,
+    RolloutNotFoundError,
+    VersionConflictError,
+)
+from ._base import DeviceRecord, Registry, RolloutRecord, VersionRecord
 from ._rows import (
+    DEVICE_COLUMNS,
+    ROLLOUT_COLUMNS,
     assignment_fields,
     check_name,
+    check_rollout_id,
     check_version,
+    device_from_row,
+    device_rows,
     dump_document,
     load_document,
     manifest_fields,
     now_text,
     record_from_row,
+    rollout_from_row,
+    rollout_row,
 )
 
 __all__ = ["PostgresRegistry"]
@@ -59,6 +78,40 @@ _SCHEMA = (
         updated_at TEXT NOT NULL,
         PRIMARY KEY (device, model)
     )""",
+    """CREATE TABLE IF NOT EXISTS devices (
+        id TEXT PRIMARY KEY,
+        labels TEXT NOT NULL,
+        capabilities TEXT NOT NULL,
+        models TEXT NOT NULL,
+        first_seen DOUBLE PRECISION NOT NULL,
+        last_seen DOUBLE PRECISION NOT NULL,
+        telemetry TEXT
+    )""",
+    """CREATE TABLE IF NOT EXISTS rollouts (
+        id TEXT PRIMARY KEY,
+        model TEXT NOT NULL,
+        version BIGINT NOT NULL,
+        state TEXT NOT NULL,
+        snapshot TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        updated_at DOUBLE PRECISION NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts (state)",
+    "CREATE INDEX IF NOT EXISTS rollouts_created_at ON rollouts (created_at)",
+)
+# An existing device keeps its earliest first_seen; everything else is replaced.
+_UPSERT_DEVICE = (
+    f"INSERT INTO devices ({DEVICE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s) "
+    "ON CONFLICT (id) DO UPDATE SET labels = excluded.labels, "
+    "capabilities = excluded.capabilities, models = excluded.models, "
+    "first_seen = LEAST(devices.first_seen, excluded.first_seen), "
+    "last_seen = excluded.last_seen, telemetry = excluded.telemetry"
+)
+_PUT_ROLLOUT = (
+    f"INSERT INTO rollouts ({ROLLOUT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s) "
+    "ON CONFLICT (id) DO UPDATE SET model = excluded.model, version = excluded.version, "
+    "state = excluded.state, snapshot = excluded.snapshot, "
+    "created_at = excluded.created_at, updated_at = excluded.updated_at"
 )
 # Serialises concurrent CREATE TABLE IF NOT EXISTS (which can race on the catalog).
 _SCHEMA_LOCK_ID = 0x7A4D_C0DE
@@ -241,6 +294,50 @@ class PostgresRegistry(Registry):
                 (device, model),
             ).fetchone()
         return None if row is None else load_document(row[0])
+
+    def upsert_devices(self, records: Iterable[DeviceRecord]) -> None:
+        rows = device_rows(records)
+        if not rows:
+            return
+        with self._transaction(f"record {len(rows)} devices") as conn, conn.cursor() as cur:
+            cur.executemany(_UPSERT_DEVICE, rows)
+
+    def get_device(self, device: str) -> DeviceRecord:
+        check_name(device, "device id")
+        with self._connection(f"read device {device}") as conn:
+            row = conn.execute(
+                f"SELECT {DEVICE_COLUMNS} FROM devices WHERE id = %s", (device,)
+            ).fetchone()
+        if row is None:
+            raise DeviceNotFoundError(f"no device {device!r} in the registry")
+        return device_from_row(tuple(row))
+
+    def list_devices(self) -> list[DeviceRecord]:
+        with self._connection("list devices") as conn:
+            rows = conn.execute(f"SELECT {DEVICE_COLUMNS} FROM devices ORDER BY id").fetchall()
+        return [device_from_row(tuple(r)) for r in rows]
+
+    def put_rollout(self, record: RolloutRecord) -> None:
+        row = rollout_row(record)
+        with self._transaction(f"record rollout {record.id}") as conn:
+            conn.execute(_PUT_ROLLOUT, row)
+
+    def get_rollout(self, rollout_id: str) -> RolloutRecord:
+        check_rollout_id(rollout_id)
+        with self._connection(f"read rollout {rollout_id}") as conn:
+            row = conn.execute(
+                f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE id = %s", (rollout_id,)
+            ).fetchone()
+        if row is None:
+            raise RolloutNotFoundError(f"no rollout {rollout_id!r} in the registry")
+        return rollout_from_row(tuple(row))
+
+    def list_rollouts(self) -> list[RolloutRecord]:
+        with self._connection("list rollouts") as conn:
+            rows = conn.execute(
+                f"SELECT {ROLLOUT_COLUMNS} FROM rollouts ORDER BY created_at DESC, id"
+            ).fetchall()
+        return [rollout_from_row(tuple(r)) for r in rows]
 
     def close(self) -> None:
         with self._lock:

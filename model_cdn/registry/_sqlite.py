@@ -7,28 +7,47 @@ before the first read. So ``add_version``'s "above the latest?" check and
 its insert see the same state even with several publishers in several
 processes: the second one waits for the lock (``busy_timeout``) and then
 sees the first one's version.
+
+Tables: ``models``, ``versions``, ``assignments``, ``devices`` and
+``rollouts`` (layout in ``_rows``), each created when missing, so a file
+from before the fleet tables existed gains them when it is opened.
+``upsert_devices`` writes a whole batch with one ``executemany`` inside
+one transaction: a thousand heartbeats cost one commit, not a thousand.
 """
 
 from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .._errors import ModelNotFoundError, RegistryError, VersionConflictError
-from ._base import Registry, VersionRecord
+from .._errors import (
+    DeviceNotFoundError,
+    ModelNotFoundError,
+    RegistryError,
+    RolloutNotFoundError,
+    VersionConflictError,
+)
+from ._base import DeviceRecord, Registry, RolloutRecord, VersionRecord
 from ._rows import (
+    DEVICE_COLUMNS,
+    ROLLOUT_COLUMNS,
     assignment_fields,
     check_name,
+    check_rollout_id,
     check_version,
+    device_from_row,
+    device_rows,
     dump_document,
     load_document,
     manifest_fields,
     now_text,
     record_from_row,
+    rollout_from_row,
+    rollout_row,
 )
 
 __all__ = ["SqliteRegistry"]
@@ -53,7 +72,41 @@ CREATE TABLE IF NOT EXISTS assignments (
     updated_at TEXT NOT NULL,
     PRIMARY KEY (device, model)
 );
+CREATE TABLE IF NOT EXISTS devices (
+    id TEXT PRIMARY KEY,
+    labels TEXT NOT NULL,
+    capabilities TEXT NOT NULL,
+    models TEXT NOT NULL,
+    first_seen REAL NOT NULL,
+    last_seen REAL NOT NULL,
+    telemetry TEXT
+);
+CREATE TABLE IF NOT EXISTS rollouts (
+    id TEXT PRIMARY KEY,
+    model TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    snapshot TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts (state);
+CREATE INDEX IF NOT EXISTS rollouts_created_at ON rollouts (created_at);
 """
+# An existing device keeps its earliest first_seen; everything else is replaced.
+_UPSERT_DEVICE = (
+    f"INSERT INTO devices ({DEVICE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (id) DO UPDATE SET labels = excluded.labels, "
+    "capabilities = excluded.capabilities, models = excluded.models, "
+    "first_seen = min(devices.first_seen, excluded.first_seen), "
+    "last_seen = excluded.last_seen, telemetry = excluded.telemetry"
+)
+_PUT_ROLLOUT = (
+    f"INSERT INTO rollouts ({ROLLOUT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (id) DO UPDATE SET model = excluded.model, version = excluded.version, "
+    "state = excluded.state, snapshot = excluded.snapshot, "
+    "created_at = excluded.created_at, updated_at = excluded.updated_at"
+)
 _COLUMNS = "name, version, manifest, blob_digest, published_at"
 _BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another's transaction
 
@@ -241,6 +294,60 @@ class SqliteRegistry(Registry):
                 .fetchone()
             )
         return None if row is None else load_document(row[0])
+
+    def upsert_devices(self, records: Iterable[DeviceRecord]) -> None:
+        rows = device_rows(records)
+        if not rows:
+            return
+        with self._write(f"record {len(rows)} devices") as conn:
+            conn.executemany(_UPSERT_DEVICE, rows)
+
+    def get_device(self, device: str) -> DeviceRecord:
+        check_name(device, "device id")
+        with self._errors(f"read device {device}"):
+            row = (
+                self._connection()
+                .execute(f"SELECT {DEVICE_COLUMNS} FROM devices WHERE id = ?", (device,))
+                .fetchone()
+            )
+        if row is None:
+            raise DeviceNotFoundError(f"no device {device!r} in the registry")
+        return device_from_row(row)
+
+    def list_devices(self) -> list[DeviceRecord]:
+        with self._errors("list devices"):
+            rows = (
+                self._connection()
+                .execute(f"SELECT {DEVICE_COLUMNS} FROM devices ORDER BY id")
+                .fetchall()
+            )
+        return [device_from_row(r) for r in rows]
+
+    def put_rollout(self, record: RolloutRecord) -> None:
+        row = rollout_row(record)
+        with self._write(f"record rollout {record.id}") as conn:
+            conn.execute(_PUT_ROLLOUT, row)
+
+    def get_rollout(self, rollout_id: str) -> RolloutRecord:
+        check_rollout_id(rollout_id)
+        with self._errors(f"read rollout {rollout_id}"):
+            row = (
+                self._connection()
+                .execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE id = ?", (rollout_id,))
+                .fetchone()
+            )
+        if row is None:
+            raise RolloutNotFoundError(f"no rollout {rollout_id!r} in the registry")
+        return rollout_from_row(row)
+
+    def list_rollouts(self) -> list[RolloutRecord]:
+        with self._errors("list rollouts"):
+            rows = (
+                self._connection()
+                .execute(f"SELECT {ROLLOUT_COLUMNS} FROM rollouts ORDER BY created_at DESC, id")
+                .fetchall()
+            )
+        return [rollout_from_row(r) for r in rows]
 
     def close(self) -> None:
         with self._lock:

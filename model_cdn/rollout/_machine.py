@@ -170,6 +170,7 @@ class Rollout:
         self.wave = -1
         self.wave_ends: list[int] = []  # cumulative device counts of the planned fleet
         self.order: list[str] = []  # the planned fleet, in wave order
+        self._planned: set[str] = set()  # the same, for lookups
         self.devices: dict[str, _Device] = {}
         self.wave_started_at: float | None = None
         self.reason = ""
@@ -233,6 +234,7 @@ class Rollout:
         )
         self.wave_ends = plan_waves(self.spec, len(fleet))
         self.order = fleet
+        self._planned = set(fleet)
         self.state = RolloutState.RUNNING
         return self._start_wave(0, now)
 
@@ -240,6 +242,8 @@ class Rollout:
         """A device came online: a new matching one joins the current wave."""
         if self.state not in _ACTIVE or device in self.devices or not self.spec.matches(labels):
             return []
+        if device in self._planned:
+            return []  # already planned for a later wave
         self.devices[device] = _Device(wave=self.wave, status=DeviceStatus.QUEUED)
         if self.state is RolloutState.RUNNING:
             return self._assign([device], now)
@@ -461,6 +465,7 @@ class Rollout:
         r.wave = int(d["wave"])
         r.wave_ends = [int(x) for x in d["wave_ends"]]
         r.order = list(d["order"])
+        r._planned = set(r.order)
         r.devices = {
             n: _Device(**{**rec, "status": DeviceStatus(rec["status"])})
             for n, rec in d["devices"].items()
