@@ -336,9 +336,6 @@ def models_assign(
                 validate_name(d, "device id")
             settings = _mqtt_settings(broker, mqtt_ca, mqtt_cert, mqtt_key)
             topics = Topics(prefix)
-            if sign_key is not None and settings is None:
-                raise ValueError("--sign-key runs rollouts, which need --broker")
-            signer = None if sign_key is None else load_key(sign_key, command)
         except ValueError as e:
             fail(command, str(e), 2)
         key = load_key(sign_key, command)
@@ -501,6 +498,9 @@ def cdn_serve(
                 raise ValueError("--tls-client-ca needs --tls-cert and --tls-key (HTTPS)")
             tls = TlsSettings.from_files(ca_certs=tls_client_ca, certfile=tls_cert, keyfile=tls_key)
             topics = Topics(prefix)
+            if sign_key is not None and settings is None:
+                raise ValueError("--sign-key runs rollouts, which need --broker")
+            signer = None if sign_key is None else load_key(sign_key, command)
         except ValueError as e:
             fail(command, str(e), 2)
         try:

@@ -126,7 +126,9 @@ class Fleet:
         self.published.clear()
         return out
 
-    def install_all(self, assignments: list[tuple[str, int, bool]], fail: set[str] = set()):
+    def install_all(
+        self, assignments: list[tuple[str, int, bool]], fail: frozenset[str] = frozenset()
+    ) -> None:
         for device, version, _rb in assignments:
             self.report(device, version, "failed" if device in fail else "installed")
 
@@ -178,7 +180,7 @@ def test_failures_halt_the_wave_even_when_two_waves_report_at_once(fleet: Fleet)
     assert len(second) == 2
     # wave 1's late duplicate and wave 2's failures arrive in one batch
     fleet.install_all(first)
-    fleet.install_all(second, fail={second[0][0]})
+    fleet.install_all(second, fail=frozenset({second[0][0]}))
     status = fleet.advance(0)
     assert status["state"] == "halted", status
     assert "failure rate 1/4" in status["reason"]
@@ -217,7 +219,7 @@ def test_pause_holds_new_devices_and_resume_sends_them(fleet: Fleet) -> None:
 def test_rollback_sends_every_device_back_and_is_tracked(fleet: Fleet) -> None:
     rid = fleet.start(waves="50%,100%", soak_s=0, max_failure_rate=0.0)["id"]
     sent = fleet.take()
-    fleet.install_all(sent[:-1], fail=set())
+    fleet.install_all(sent[:-1])
     fleet.report(sent[-1][0], 2, "failed")
     assert fleet.advance(1)["state"] == "halted"
     status = fleet.controller.command(rid, "rollback")
