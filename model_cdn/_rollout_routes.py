@@ -11,7 +11,7 @@
 
 Every route needs the admin token or an API key with ``rollout:admin``. The
 rollout routes answer 503 when the server runs without a controller (no
-``--broker`` or no ``--signing-key``); the device routes then read the fleet
+``--broker`` or no ``--sign-key``); the device routes then read the fleet
 as last written to the registry.
 """
 
@@ -34,7 +34,7 @@ __all__ = ["add_rollout_routes"]
 
 _COMMANDS = ("pause", "resume", "abort", "rollback")
 _NO_CONTROLLER = (
-    "rollouts are off on this server: start 'tandem cdn serve' with --broker and --signing-key"
+    "rollouts are off on this server: start 'tandem cdn serve' with --broker and --sign-key"
 )
 
 

@@ -1,0 +1,182 @@
+"""The rollout and fleet admin API on a real uvicorn server: status codes, auth, bodies.
+
+The controller runs for real over a SQLite registry; devices are played by
+feeding it the typed heartbeats the fleet link would parse off MQTT (the
+MQTT path end to end is tests/test_rollout_fleet.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from model_cdn import LocalBlobStore, create_app, open_registry
+from model_cdn.rollout._controller import RolloutController
+from shared import ApiKeyFile, ApiKeyGuard, DeviceReport, SigningKey, generate_api_key
+
+from ._cdn import make_manifest_doc, serve_in_thread
+
+ADMIN = {"Authorization": "Bearer admin-secret"}
+MODEL = "mnist"
+
+
+@dataclass
+class Api:
+    client: httpx.Client
+    controller: RolloutController
+    published: list[tuple[str, dict[str, Any]]]
+    keys_file: Path
+
+    def key(self, *scopes: str) -> dict[str, str]:
+        text, key = generate_api_key(scopes)
+        ApiKeyFile(self.keys_file).add(key)
+        return {"Authorization": f"Bearer {text}"}
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[Api]:
+    key = SigningKey.generate()
+    registry = open_registry(tmp_path / "registry.db")
+    for v in (1, 2):
+        registry.add_version(make_manifest_doc(key, MODEL, v))
+    published: list[tuple[str, dict[str, Any]]] = []
+    controller = RolloutController(
+        registry, key, lambda d, doc: published.append((d, doc)), tick_s=0.05
+    )
+    for i in range(10):
+        controller.submit(
+            DeviceReport(
+                device=f"cam-{i}",
+                at=0.0,
+                labels={"site": "a" if i < 6 else "b", "hw": "npu"},
+                capabilities={"runtime": "onnxruntime"},
+                model=MODEL,
+                version=1,
+            )
+        )
+    controller.step()
+    keys_file = tmp_path / "keys.json"
+    ApiKeyFile(keys_file).add(generate_api_key(["models:read"])[1])
+    app = create_app(
+        registry=registry,
+        store=LocalBlobStore(tmp_path / "blobs"),
+        admin_token="admin-secret",
+        api_keys=ApiKeyGuard.from_file(keys_file),
+        controller=controller,
+    )
+    with ExitStack() as stack:
+        stack.callback(registry.close)
+        controller.start()
+        stack.callback(controller.stop)
+        url = stack.enter_context(serve_in_thread(app))
+        client = stack.enter_context(httpx.Client(base_url=url, timeout=30, headers=ADMIN))
+        yield Api(client, controller, published, keys_file)
+
+
+def start_body(**overrides: Any) -> dict[str, Any]:
+    return {"model": MODEL, "version": 2, "waves": "20%,100%", "soak_s": 0, **overrides}
+
+
+def test_start_status_commands_and_list(api: Api) -> None:
+    created = api.client.post("/v1/rollouts", json=start_body(target={"site": "a"}))
+    assert created.status_code == 201, created.text
+    status = created.json()
+    rid = status["id"]
+    assert status["state"] == "running" and status["counts"]["total"] == 1
+    assert [w["planned"] for w in status["waves"]] == [1, 5]  # per wave
+    assert {d for d, _doc in api.published} <= {f"cam-{i}" for i in range(6)}
+    assert api.client.get(f"/v1/rollouts/{rid}").json()["id"] == rid
+    paused = api.client.post(f"/v1/rollouts/{rid}/pause")
+    assert paused.status_code == 200 and paused.json()["state"] == "paused"
+    assert api.client.post(f"/v1/rollouts/{rid}/resume").json()["state"] == "running"
+    assert api.client.post(f"/v1/rollouts/{rid}/abort").json()["state"] == "aborted"
+    again = api.client.post(f"/v1/rollouts/{rid}/pause")
+    assert again.status_code == 409 and "aborted" in again.json()["error"]
+    listed = api.client.get("/v1/rollouts").json()["rollouts"]
+    assert [r["id"] for r in listed] == [rid]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        (start_body(model="nope"), 404, "nope"),
+        (start_body(version=7), 404, "7"),
+        (start_body(waves="5%,,100%"), 400, "wave"),
+        (start_body(waves="4%,100%"), 400, "would hold 0 devices"),
+        (start_body(target={"site": "mars"}), 400, "no device matches"),
+        (start_body(waves=None), 400, "waves"),
+        ({"model": MODEL}, 400, "version"),
+        (start_body(soak_s="soon"), 400, "soak_s"),
+    ],
+)
+def test_bad_starts_are_clear_and_change_nothing(
+    api: Api, body: dict[str, Any], status: int, words: str
+) -> None:
+    body = {k: v for k, v in body.items() if v is not None}
+    response = api.client.post("/v1/rollouts", json=body)
+    assert response.status_code == status, response.text
+    assert words in response.json()["error"]
+    assert api.client.get("/v1/rollouts").json() == {"rollouts": []}
+    assert api.published == []
+
+
+def test_not_json_unknown_ids_and_commands(api: Api) -> None:
+    assert api.client.post("/v1/rollouts", content=b"{nope").status_code == 400
+    assert api.client.post("/v1/rollouts", json=[1, 2]).status_code == 400
+    assert api.client.get("/v1/rollouts/ro-000000000000").status_code == 404
+    rid = api.client.post("/v1/rollouts", json=start_body()).json()["id"]
+    assert api.client.post(f"/v1/rollouts/{rid}/explode").status_code == 404
+    conflict = api.client.post("/v1/rollouts", json=start_body())
+    assert conflict.status_code == 409 and rid in conflict.json()["error"]
+
+
+def test_devices_are_listed_filtered_and_shown(api: Api) -> None:
+    devices = api.client.get("/v1/devices").json()["devices"]
+    assert [d["device"] for d in devices] == [f"cam-{i}" for i in range(10)]
+    assert devices[0]["models"] == {MODEL: 1} and devices[0]["online"] is True
+    site_b = api.client.get("/v1/devices", params={"label": "site=b"}).json()["devices"]
+    assert len(site_b) == 4
+    on_v2 = api.client.get("/v1/devices", params={"model": MODEL, "version": 2}).json()
+    assert on_v2 == {"devices": []}
+    one = api.client.get("/v1/devices/cam-3").json()
+    assert one["labels"] == {"site": "a", "hw": "npu"}
+    assert one["telemetry"]["capabilities"] == {"runtime": "onnxruntime"}
+    assert api.client.get("/v1/devices/cam-99").status_code == 404
+    assert api.client.get("/v1/devices", params={"label": "site"}).status_code == 400
+    assert api.client.get("/v1/devices", params={"version": 2}).status_code == 400
+
+
+def test_every_route_needs_rollout_admin(api: Api) -> None:
+    reader, roller = api.key("models:read"), api.key("rollout:admin")
+    for method, path in (
+        ("GET", "/v1/rollouts"),
+        ("POST", "/v1/rollouts"),
+        ("GET", "/v1/devices"),
+        ("GET", "/v1/devices/cam-1"),
+    ):
+        anonymous = api.client.request(method, path, headers={"Authorization": ""})
+        assert anonymous.status_code == 401, (method, path)
+        denied = api.client.request(method, path, headers=reader, json=start_body())
+        assert denied.status_code == 403, (method, path)
+    allowed = api.client.post("/v1/rollouts", json=start_body(), headers=roller)
+    assert allowed.status_code == 201, allowed.text
+
+
+def test_without_a_controller_rollouts_are_off_and_devices_come_from_the_registry(
+    tmp_path: Path,
+) -> None:
+    registry = open_registry(tmp_path / "registry.db")
+    app = create_app(
+        registry=registry, store=LocalBlobStore(tmp_path / "blobs"), admin_token="admin-secret"
+    )
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, headers=ADMIN) as client:
+        off = client.post("/v1/rollouts", json=start_body())
+        assert off.status_code == 503 and "--sign-key" in off.json()["error"]
+        assert client.get("/v1/devices").json() == {"devices": []}
+    registry.close()
