@@ -14,6 +14,15 @@ never collide; ``render()`` is what ``GET /metrics`` serves::
     tandem_cdn_blob_not_modified_total{digest}
         conditional GETs answered 304: a cache or device already had the blob.
 
+With a rollout controller (``watch_rollouts``), read at scrape time::
+
+    tandem_cdn_rollout_devices{rollout,model,version,state,status}
+        devices of each rollout by their status (installed, failed, …).
+    tandem_cdn_rollout_failure_rate{rollout,model,version,state}
+        failed or timed-out devices over the devices of the waves started.
+    tandem_cdn_fleet_devices{online}
+        devices known to the fleet registry, online (reported in the last minute) or not.
+
 Labels only ever name models and blobs that exist: a request is counted
 after the registry or store found what it asked for, so a client cannot
 create series by inventing names. HEAD requests are not downloads.
@@ -21,8 +30,16 @@ create series by inventing names. HEAD requests are not downloads.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter
 from prometheus_client import generate_latest as _generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .rollout._controller import RolloutController
 
 __all__ = ["CdnMetrics"]
 
@@ -67,6 +84,45 @@ class CdnMetrics:
     def blob_unchanged(self, digest: str) -> None:
         self.blob_not_modified.labels(digest=digest).inc()
 
+    def watch_rollouts(self, controller: RolloutController) -> None:
+        """Export the controller's rollouts and fleet on every scrape."""
+        self.registry.register(_RolloutCollector(controller))
+
     def render(self) -> bytes:
         """The registry in Prometheus' text format."""
         return _generate_latest(self.registry)
+
+
+class _RolloutCollector(Collector):
+    def __init__(self, controller: RolloutController) -> None:
+        self.controller = controller
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        import time
+
+        devices = GaugeMetricFamily(
+            "tandem_cdn_rollout_devices",
+            "Devices of a rollout by status.",
+            labels=["rollout", "model", "version", "state", "status"],
+        )
+        failure = GaugeMetricFamily(
+            "tandem_cdn_rollout_failure_rate",
+            "Failed or timed-out devices over the devices of the waves started.",
+            labels=["rollout", "model", "version", "state"],
+        )
+        for r in self.controller.rollouts():
+            base = [r["id"], r["model"], str(r["version"]), r["state"]]
+            for status, n in r["counts"].items():
+                if status != "total":
+                    devices.add_metric([*base, status], n)
+            failure.add_metric(base, r["failure_rate"])
+        fleet = GaugeMetricFamily(
+            "tandem_cdn_fleet_devices", "Devices known to the fleet.", labels=["online"]
+        )
+        now, online = time.time(), 0
+        records = self.controller.devices()
+        for record in records:
+            online += now - record.last_seen <= 60
+        fleet.add_metric(["true"], online)
+        fleet.add_metric(["false"], len(records) - online)
+        yield from (devices, failure, fleet)

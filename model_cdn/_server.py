@@ -214,6 +214,8 @@ def create_app(
     app = FastAPI(title="Tandem model CDN", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.registry, app.state.store = registry, store
     app.state.metrics = metrics = _new_metrics()
+    if metrics is not None and controller is not None:
+        metrics.watch_rollouts(controller)
     keys = list(trusted_keys) if trusted_keys else None
 
     # -- errors ------------------------------------------------------------

@@ -180,3 +180,12 @@ def test_without_a_controller_rollouts_are_off_and_devices_come_from_the_registr
         assert off.status_code == 503 and "--sign-key" in off.json()["error"]
         assert client.get("/v1/devices").json() == {"devices": []}
     registry.close()
+
+
+def test_metrics_show_rollout_progress_and_the_fleet(api: Api) -> None:
+    rid = api.client.post("/v1/rollouts", json=start_body()).json()["id"]
+    text = api.client.get("/metrics").text
+    assigned = f'rollout="{rid}",state="running",status="assigned",version="2"'
+    assert f'tandem_cdn_rollout_devices{{model="mnist",{assigned}}} 2.0' in text
+    assert 'tandem_cdn_fleet_devices{online="true"} 10.0' in text
+    assert f'tandem_cdn_rollout_failure_rate{{model="mnist",rollout="{rid}"' in text
