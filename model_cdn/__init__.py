@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib as _importlib
 import typing as _typing
 
+from ._admin_client import AdminApiError
 from ._assign import make_assignment, publish_assignment
 from ._errors import (
     AuthError,
@@ -41,6 +42,7 @@ if _typing.TYPE_CHECKING:
     from .publish import PublishResult, load_samples, publish_model
 
 __all__ = [
+    "AdminApiError",
     "AuthError",
     "BlobNotFoundError",
     "BlobStore",

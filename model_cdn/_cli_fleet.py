@@ -1,20 +1,37 @@
-"""``tandem fleet``: per-device MQTT credentials and the topic ACL, for Mosquitto.
+"""``tandem fleet``: per-device MQTT credentials and the topic ACL; the fleet the CDN sees.
 
-``provision`` gives each named device (or the hub / CDN service user) a fresh
-random password in the Mosquitto password file, keeping every other user,
-and rewrites the ACL file. Passwords are shown once: on stdout, or in
-``--password-out`` (mode 0600). Failures are one line on stderr and exit 1
-(the work failed) or 2 (the command line was wrong).
+``list`` and ``show`` ask the CDN's admin API (``--cdn``, ``--token``, as
+``tandem rollout``) which devices reported telemetry, with their labels,
+models and health. ``simulate`` runs a fleet of simulated devices
+(``_cli_simulate``). ``provision`` gives each named device (or the hub / CDN
+service user) a fresh random password in the Mosquitto password file,
+keeping every other user, and rewrites the ACL file. Passwords are shown
+once: on stdout, or in ``--password-out`` (mode 0600). Failures are one line
+on stderr and exit 1 (the work failed) or 2 (the command line was wrong).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from ._cli_common import clean_errors, fail
+from ._cli_admin import (
+    DEFAULT_CDN,
+    CaOption,
+    CdnOption,
+    JsonOption,
+    TokenOption,
+    admin_call,
+    admin_client,
+    ago_text,
+    parse_labels,
+    plain_console,
+    print_json,
+)
+from ._cli_common import clean_errors, fail, ratio_text
+from ._cli_simulate import fleet_simulate
 
 __all__ = ["fleet_app"]
 
@@ -23,7 +40,7 @@ fleet_app = typer.Typer(no_args_is_help=True, add_completion=False)
 
 @fleet_app.callback()
 def _fleet() -> None:
-    """Device credentials and topic ACLs for the MQTT broker."""
+    """Device credentials and topic ACLs for the MQTT broker; the devices the CDN has seen."""
 
 
 @fleet_app.command("provision")
@@ -126,3 +143,174 @@ def fleet_provision(
         action = "rotated" if user in known else "added"
         typer.echo(f"{action} {user}{role}", err=True)
     typer.echo(f"wrote {passwd_file} and {acl_file}; reload Mosquitto: kill -HUP <pid>", err=True)
+
+
+# -- the fleet as the CDN sees it ---------------------------------------------
+
+
+def _share(part: object, whole: object) -> str:
+    """``part / whole`` as a percentage, or — when there is nothing to divide."""
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (part, whole)):
+        return "—"
+    assert isinstance(part, int) and isinstance(whole, int)
+    return ratio_text(part / whole) if whole > 0 else "—"
+
+
+def _pairs(mapping: object, sep: str = "=") -> str:
+    if not isinstance(mapping, dict) or not mapping:
+        return "—"
+    return ",".join(f"{k}{sep}{v}" for k, v in sorted(mapping.items()))
+
+
+def _telemetry(device: dict[str, Any]) -> dict[str, Any] | None:
+    telemetry = device.get("telemetry")
+    return telemetry if isinstance(telemetry, dict) else None
+
+
+def _online(device: dict[str, Any]) -> str:
+    online = device.get("online")
+    return "yes" if online is True else "no" if online is False else "—"
+
+
+@fleet_app.command("list")
+def fleet_list(
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            help="LABEL=VALUE a device must have (repeat: all must match).",
+            show_default=False,
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option("--model", help="Only devices running this model.", show_default=False),
+    ] = None,
+    version: Annotated[
+        int | None,
+        typer.Option(
+            "--version", help="Only devices running this version of --model.", show_default=False
+        ),
+    ] = None,
+    cdn: CdnOption = DEFAULT_CDN,
+    token: TokenOption = None,
+    ca: CaOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the devices the CDN has heard from: labels, models, last seen, offloads, agreement.
+
+    Offload rate and agreement are over the device's current model version
+    (its telemetry counters reset when it swaps models).
+
+    Example: tandem fleet list --label site=factory-a --model mnist --version 3
+    """
+    from shared import NAME_PATTERN
+
+    command = "fleet list"
+    labels = parse_labels(label or [], "--label", command)
+    if model is not None and not NAME_PATTERN.fullmatch(model):
+        fail(command, f"invalid model name {model!r:.80}", 2)
+    if version is not None and (model is None or version < 1):
+        fail(command, "--version needs --model and a version ≥ 1", 2)
+    client = admin_client(command, cdn, token, ca)
+    devices = admin_call(command, client.list_devices, labels, model, version)
+    if as_json:
+        print_json({"devices": devices})
+        return
+    if not devices:
+        typer.echo("no devices match" if labels or model else "no devices have reported yet")
+        return
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+    for column in ("device", "labels", "models", "last seen", "online", "offloads", "agreement"):
+        table.add_column(column, no_wrap=True)
+    for d in devices:
+        t = _telemetry(d) or {}
+        table.add_row(
+            str(d.get("device", "?")),
+            _pairs(d.get("labels")),
+            _pairs(d.get("models"), "@"),
+            ago_text(d.get("last_seen")),
+            _online(d),
+            _share(t.get("offloads"), t.get("requests")),
+            _share(t.get("agreed"), t.get("agreement_samples")),
+        )
+    plain_console().print(table)
+
+
+@fleet_app.command("show")
+def fleet_show(
+    device: Annotated[
+        str, typer.Argument(metavar="DEVICE", help="The device id.", show_default=False)
+    ],
+    cdn: CdnOption = DEFAULT_CDN,
+    token: TokenOption = None,
+    ca: CaOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show one device: labels, capabilities, models, and its last telemetry report.
+
+    Example: tandem fleet show cam-01 --cdn http://cdn:8700
+    """
+    from shared import NAME_PATTERN
+
+    command = "fleet show"
+    if not NAME_PATTERN.fullmatch(device):
+        fail(command, f"invalid device id {device!r:.80}", 2)
+    client = admin_client(command, cdn, token, ca)
+    d = admin_call(command, client.get_device, device)
+    if as_json:
+        print_json(d)
+        return
+    from rich.table import Table
+
+    t = _telemetry(d)
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    rows = [
+        ("device", str(d.get("device", device))),
+        ("labels", _pairs(d.get("labels"))),
+        ("capabilities", _pairs(d.get("capabilities"))),
+        ("models", _pairs(d.get("models"), "@")),
+        ("online", _online(d)),
+        ("first seen", ago_text(d.get("first_seen"))),
+        ("last seen", ago_text(d.get("last_seen"))),
+    ]
+    if t is None:
+        rows.append(("telemetry", "none yet"))
+    else:
+        serving = f"{t.get('model')}@{t.get('version')}" if t.get("model") else "—"
+        p50, p99 = t.get("p50_ms"), t.get("p99_ms")
+        rows += [
+            ("serving", serving),
+            ("requests", str(t.get("requests", "—"))),
+            ("errors", f"{t.get('errors', '—')} ({_share(t.get('errors'), t.get('requests'))})"),
+            (
+                "offloads",
+                f"{t.get('offloads', '—')} ({_share(t.get('offloads'), t.get('requests'))})",
+            ),
+            (
+                "agreement",
+                f"{_share(t.get('agreed'), t.get('agreement_samples'))} of "
+                f"{t.get('agreement_samples', '—')} samples",
+            ),
+            (
+                "latency",
+                " ".join(
+                    f"{name} {v:.1f} ms"
+                    for name, v in (("p50", p50), ("p99", p99))
+                    if isinstance(v, int | float)
+                )
+                or "—",
+            ),
+            ("reported", ago_text(t.get("at"))),
+        ]
+    for name, value in rows:
+        grid.add_row(name, value)
+    plain_console().print(grid)
+
+
+fleet_app.command("simulate")(fleet_simulate)

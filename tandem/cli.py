@@ -46,7 +46,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "fleet": (
         "model_cdn._cli_fleet",
         "fleet_app",
-        "Give devices MQTT passwords and write the broker's topic ACL (Mosquitto).",
+        "Device MQTT passwords and the broker's ACL; list the devices the CDN has seen.",
+    ),
+    "rollout": (
+        "model_cdn._cli_rollout",
+        "rollout_app",
+        "Staged, health-gated model rollouts: start, watch, pause, resume, abort, roll back.",
     ),
 }
 

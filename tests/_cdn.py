@@ -132,16 +132,18 @@ class NoWholeReadLocalStore(LocalBlobStore):
 
 
 @contextmanager
-def serve_in_thread(app: Any, ssl: dict[str, Any] | None = None) -> Iterator[str]:
-    """Run ``app`` with real uvicorn on a free loopback port; yields its base URL.
+def serve_in_thread(app: Any, ssl: dict[str, Any] | None = None, *, port: int = 0) -> Iterator[str]:
+    """Run ``app`` with real uvicorn on a loopback port (a free one by default); yields its URL.
 
     ``ssl``: uvicorn's ``ssl_*`` options (``ssl_certfile`` …): it then serves HTTPS.
     """
     import uvicorn
 
-    sock = socket.socket()
+    # IPPROTO_TCP, not socket()'s 0: asyncio turns Nagle off only on connections
+    # accepted from a socket whose proto says TCP (as uvicorn.run(host, port) makes).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", lifespan="off", **(ssl or {}))
     server = uvicorn.Server(config)

@@ -375,10 +375,8 @@ class Rollout:
         new = [n for n in self.order[lo : self.wave_ends[k]] if n not in self.devices]
         for n in new:
             self.devices[n] = _Device(wave=k, status=DeviceStatus.QUEUED)
-        return [
-            Notify(self.state, k, f"wave {k + 1} of {len(self.wave_ends)}"),
-            *self._assign(new, now),
-        ]
+        self.reason = f"wave {k + 1} of {len(self.wave_ends)}"
+        return [Notify(self.state, k, self.reason), *self._assign(new, now)]
 
     def _wave_done(self, now: float) -> bool:
         assert self.wave_started_at is not None

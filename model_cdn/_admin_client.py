@@ -1,0 +1,213 @@
+"""A small client for the CDN's rollout and fleet admin API (what ``tandem rollout`` uses).
+
+Standard library only (``http.client``), one connection per request, JSON in
+and out. Every failure is an ``AdminApiError`` with a one-line message:
+
+- the server answered with an error: ``status`` is the HTTP status and the
+  message is the server's ``{"error": "…"}`` text;
+- the server could not be reached, TLS failed or the answer was not JSON:
+  ``status`` is None and the message says so (``cannot reach the CDN at URL: …``).
+
+Exceptions::
+
+    model_cdn.CdnError
+    └── AdminApiError   the admin API refused the request or could not be reached
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import ssl
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlencode, urlsplit
+
+from ._errors import CdnError
+
+__all__ = ["DEFAULT_CDN_URL", "AdminApiError", "AdminClient"]
+
+DEFAULT_CDN_URL = "http://127.0.0.1:8700"
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # a fleet listing of many thousand devices fits
+
+
+class AdminApiError(CdnError):
+    """The admin API refused the request (``status`` set) or could not be reached (None)."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(" ".join(str(message).split()) or "unknown error")
+        self.status = status
+
+
+class AdminClient:
+    """The CDN's admin API at ``url`` (``http://`` or ``https://``).
+
+    ``token``: the admin token or an API key with ``rollout:admin`` (sent as
+    ``Authorization: Bearer``). ``ca``: a PEM CA file to trust for HTTPS
+    instead of the system's. ``timeout_s``: per connect and per read.
+    Raises ``ValueError`` for a URL, token or timeout that cannot work.
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_CDN_URL,
+        token: str | None = None,
+        ca: str | Path | None = None,
+        timeout_s: float = 10,
+    ) -> None:
+        parts = urlsplit(url.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"the CDN URL must start with http:// or https://, got {url!r}")
+        if parts.query or parts.fragment:
+            raise ValueError(f"the CDN URL takes no query or fragment, got {url!r}")
+        try:
+            port = parts.port
+        except ValueError as e:
+            raise ValueError(f"the CDN URL has a bad port: {url!r}") from e
+        if token is not None and (not token or not token.isprintable() or " " in token):
+            raise ValueError("the admin token must be non-empty printable text without spaces")
+        if isinstance(timeout_s, bool) or not math.isfinite(timeout_s) or timeout_s <= 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
+        if ca is not None and parts.scheme != "https":
+            raise ValueError("a CA file is for https:// URLs only")
+        self.url = url.strip().rstrip("/")
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._port = port
+        self._base = parts.path.rstrip("/")
+        self._token = token
+        self._timeout_s = float(timeout_s)
+        self._ssl: ssl.SSLContext | None = None
+        if self._https:
+            try:
+                self._ssl = ssl.create_default_context(cafile=str(ca) if ca is not None else None)
+            except (OSError, ssl.SSLError) as e:
+                raise ValueError(f"cannot use {ca} as a CA file: {e}") from e
+
+    # -- rollouts ------------------------------------------------------------
+
+    def start_rollout(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST /v1/rollouts; returns the new rollout's status object."""
+        return self._object("POST", "/v1/rollouts", body=dict(body))
+
+    def list_rollouts(self) -> list[dict[str, Any]]:
+        """Every rollout's status object, newest first."""
+        return self._list("GET", "/v1/rollouts", "rollouts")
+
+    def get_rollout(self, rollout_id: str) -> dict[str, Any]:
+        return self._object("GET", f"/v1/rollouts/{_segment(rollout_id)}")
+
+    def pause(self, rollout_id: str) -> dict[str, Any]:
+        return self._command(rollout_id, "pause")
+
+    def resume(self, rollout_id: str) -> dict[str, Any]:
+        return self._command(rollout_id, "resume")
+
+    def abort(self, rollout_id: str) -> dict[str, Any]:
+        return self._command(rollout_id, "abort")
+
+    def rollback(self, rollout_id: str) -> dict[str, Any]:
+        return self._command(rollout_id, "rollback")
+
+    # -- fleet ---------------------------------------------------------------
+
+    def list_devices(
+        self,
+        labels: Mapping[str, str] | None = None,
+        model: str | None = None,
+        version: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Devices with every label in ``labels`` (and running ``model``/``version``)."""
+        query: list[tuple[str, str]] = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
+        if model is not None:
+            query.append(("model", model))
+        if version is not None:
+            query.append(("version", str(version)))
+        path = "/v1/devices" + (f"?{urlencode(query)}" if query else "")
+        return self._list("GET", path, "devices")
+
+    def get_device(self, device: str) -> dict[str, Any]:
+        return self._object("GET", f"/v1/devices/{_segment(device)}")
+
+    # -- transport -----------------------------------------------------------
+
+    def _command(self, rollout_id: str, action: str) -> dict[str, Any]:
+        return self._object("POST", f"/v1/rollouts/{_segment(rollout_id)}/{action}")
+
+    def _object(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        answer = self._request(method, path, body)
+        if not isinstance(answer, dict):
+            raise AdminApiError(f"the CDN at {self.url} answered {path} with no JSON object")
+        return answer
+
+    def _list(self, method: str, path: str, key: str) -> list[dict[str, Any]]:
+        items = self._object(method, path).get(key)
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise AdminApiError(f"the CDN at {self.url} answered {path} without a {key!r} list")
+        return items
+
+    def _request(self, method: str, path: str, body: Any = None) -> Any:
+        headers = {"Accept": "application/json", "User-Agent": "tandem-admin"}
+        data = None
+        if body is not None:
+            data = json.dumps(body, allow_nan=False).encode()
+            headers["Content-Type"] = "application/json"
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token}"
+        connection: http.client.HTTPConnection
+        if self._https:
+            connection = http.client.HTTPSConnection(
+                self._host, self._port, timeout=self._timeout_s, context=self._ssl
+            )
+        else:
+            connection = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout_s)
+        try:
+            connection.request(method, self._base + path, body=data, headers=headers)
+            response = connection.getresponse()
+            raw = response.read(MAX_RESPONSE_BYTES + 1)
+            status, reason = response.status, response.reason
+        except ssl.SSLError as e:  # before OSError: it is one
+            raise AdminApiError(f"TLS with the CDN at {self.url} failed: {_why(e)}") from e
+        except (OSError, http.client.HTTPException) as e:
+            raise AdminApiError(f"cannot reach the CDN at {self.url}: {_why(e)}") from e
+        finally:
+            connection.close()
+        if len(raw) > MAX_RESPONSE_BYTES:
+            raise AdminApiError(f"the CDN at {self.url} answered with more than 64 MiB")
+        try:
+            answer = json.loads(raw) if raw else None
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            answer = None
+            if 200 <= status < 300:
+                raise AdminApiError(
+                    f"the CDN at {self.url} answered {method} {path} with no JSON "
+                    f"(is it a Tandem CDN?)",
+                    status=status,
+                ) from None
+        if 200 <= status < 300:
+            return answer
+        message = answer.get("error") if isinstance(answer, dict) else None
+        if not isinstance(message, str) or not message.strip():
+            message = f"HTTP {status} {reason}".strip()
+            if status == 404 and path.startswith("/v1/rollouts"):
+                message += " (does this CDN run the rollout controller?)"
+        raise AdminApiError(message, status=status)
+
+
+def _segment(value: str) -> str:
+    """One path segment, percent-encoded so an id can never reach another route."""
+    if not isinstance(value, str) or not value:
+        raise ValueError("an id must be non-empty text")
+    return quote(value, safe="")
+
+
+def _why(error: BaseException) -> str:
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(error, TimeoutError):
+        return "timed out"
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return str(error) or type(error).__name__

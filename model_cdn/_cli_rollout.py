@@ -1,0 +1,429 @@
+"""``tandem rollout``: start, follow and steer staged rollouts through the CDN's admin API.
+
+The commands talk HTTP to ``tandem cdn serve`` (``--cdn`` / ``TANDEM_CDN_URL``)
+with the admin token (``--token`` / ``TANDEM_CDN_ADMIN_TOKEN``); the rollout
+controller runs there. Everything typed is checked here first, so a bad
+command line sends nothing. Failures are one line on stderr and exit 1 (the
+CDN refused or could not be reached) or 2 (the command line was wrong);
+``status --watch`` exits 3 when the rollout halts or is aborted and 4 when
+it is paused.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from ._cli_admin import (
+    DEFAULT_CDN,
+    CaOption,
+    CdnOption,
+    JsonOption,
+    TokenOption,
+    admin_call,
+    admin_client,
+    check_id,
+    parse_duration,
+    parse_fraction,
+    parse_labels,
+    parse_model_at_version,
+    parse_ratio,
+    plain_console,
+    print_json,
+)
+from ._cli_common import fail
+from ._cli_rollout_view import list_table, render_progress, render_status
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from ._admin_client import AdminClient
+
+__all__ = ["rollout_app"]
+
+ACTIVE = ("pending", "running", "paused", "halted", "rolling_back")
+EXIT_HALTED = 3  # halted or aborted: scripts gate on it
+EXIT_PAUSED = 4
+_STOP_CODES = {
+    "completed": 0,
+    "rolled_back": 0,
+    "halted": EXIT_HALTED,
+    "aborted": EXIT_HALTED,
+    "paused": EXIT_PAUSED,
+}
+
+rollout_app = typer.Typer(no_args_is_help=True, add_completion=False)
+
+
+@rollout_app.callback()
+def _rollout() -> None:
+    """Staged, health-gated model rollouts: start, status (--watch), pause, resume, abort,
+    rollback, list. Talks to 'tandem cdn serve' (--cdn, --token)."""
+
+
+# -- following a rollout ---------------------------------------------------------
+
+
+def _print(renderable: RenderableType) -> None:
+    plain_console().print(renderable)
+
+
+def _watch(command: str, client: AdminClient, status: dict[str, Any], interval_s: float) -> None:
+    """Follow the rollout until it stops; exits 0 (completed, rolled back), 3 or 4."""
+    from rich.live import Live
+
+    rollout_id = str(status.get("id"))
+    console = plain_console()
+    try:
+        with Live(render_progress(status), console=console, auto_refresh=False) as live:
+            while status.get("state") not in _STOP_CODES:
+                time.sleep(interval_s)
+                status = admin_call(command, client.get_rollout, rollout_id)
+                live.update(render_progress(status), refresh=True)
+        if not console.is_terminal:
+            console.line()  # Live ends its last frame with a newline on terminals only
+    except KeyboardInterrupt:
+        typer.echo(f"stopped watching {rollout_id}; the rollout itself goes on", err=True)
+        raise typer.Exit(130) from None
+    state, reason = str(status.get("state")), status.get("reason") or ""
+    code = _STOP_CODES[state]
+    if code:
+        fail(command, f"{rollout_id} is {state}" + (f": {reason}" if reason else ""), code)
+    console.print(f"{rollout_id} {state}" + (f": {reason}" if reason else ""))
+
+
+# -- commands --------------------------------------------------------------------
+
+
+@rollout_app.command("start")
+def rollout_start(
+    what: Annotated[
+        str,
+        typer.Argument(
+            metavar="MODEL@VERSION", help="What to roll out, e.g. mnist@3.", show_default=False
+        ),
+    ],
+    waves: Annotated[
+        str | None,
+        typer.Option(
+            "--waves",
+            help="Cumulative waves: percentages, device counts or 'all', "
+            "e.g. 5%,25%,100% or 5,50,all.",
+            show_default=False,
+        ),
+    ] = None,
+    target: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--target",
+            help="LABEL=VALUE that devices must have (repeat: all must "
+            "match). Default: every device.",
+            show_default=False,
+        ),
+    ] = None,
+    max_failure: Annotated[
+        str,
+        typer.Option(
+            "--max-failure",
+            help="Halt when more than this share of the devices "
+            "so far failed or timed out (2% or 0.02).",
+        ),
+    ] = "5%",
+    soak: Annotated[
+        str, typer.Option("--soak", help="Least time per wave before the next (90s, 10m, 1h30m).")
+    ] = "10m",
+    min_reports: Annotated[
+        int, typer.Option("--min-reports", help="Devices of a wave that must report first.")
+    ] = 1,
+    device_timeout: Annotated[
+        str, typer.Option("--device-timeout", help="A device silent this long counts as failed.")
+    ] = "30m",
+    from_version: Annotated[
+        int | None,
+        typer.Option(
+            "--from",
+            help="The version devices run now (default: the highest "
+            "published below VERSION); rollback returns to it.",
+            show_default=False,
+        ),
+    ] = None,
+    max_agreement_drop: Annotated[
+        str | None,
+        typer.Option(
+            "--max-agreement-drop",
+            help="Health gate: halt when edge-cloud agreement falls by more than this (2%).",
+            show_default=False,
+        ),
+    ] = None,
+    max_error_rate_increase: Annotated[
+        str | None,
+        typer.Option(
+            "--max-error-rate-increase",
+            help="Health gate: error rate rise allowed (1%).",
+            show_default=False,
+        ),
+    ] = None,
+    max_p99_ratio: Annotated[
+        str | None,
+        typer.Option(
+            "--max-p99-ratio",
+            help="Health gate: p99 latency new/old allowed (1.2).",
+            show_default=False,
+        ),
+    ] = None,
+    max_offload_increase: Annotated[
+        str | None,
+        typer.Option(
+            "--max-offload-increase",
+            help="Health gate: offload rate rise allowed (5%).",
+            show_default=False,
+        ),
+    ] = None,
+    min_health_samples: Annotated[
+        int,
+        typer.Option(
+            "--min-health-samples", help="Samples per version before the health gates decide."
+        ),
+    ] = 100,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="Then follow it as 'status --watch'.")
+    ] = False,
+    interval: Annotated[str, typer.Option("--interval", help="Poll period for --watch.")] = "2s",
+    cdn: CdnOption = DEFAULT_CDN,
+    token: TokenOption = None,
+    ca: CaOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Start a staged rollout of MODEL@VERSION to the devices matching --target.
+
+    Wave by wave, each wave soaks for --soak and must stay under --max-failure
+    (and the health gates, when given) before the next starts; a tripped gate
+    halts the rollout until 'tandem rollout resume'.
+
+    Example: tandem rollout start mnist@3 --target site=factory-a --waves 5%,25%,100%
+    --max-failure 2% --soak 10m --max-agreement-drop 2% --cdn http://cdn:8700
+    """
+    command = "rollout start"
+    if watch and as_json:
+        fail(command, "--json and --watch do not mix: poll 'status ID --json' instead", 2)
+    model, version = parse_model_at_version(what, command)
+    if waves is None:
+        fail(command, "--waves is required, e.g. --waves 5%,25%,100% (or 5,50,all)", 2)
+    from .rollout import parse_waves
+
+    try:
+        parse_waves(waves)
+    except ValueError as e:
+        fail(command, f"--{e}", 2)
+    labels = parse_labels(target or [], "--target", command)
+    if min_reports < 1:
+        fail(command, f"--min-reports must be at least 1, got {min_reports}", 2)
+    if min_health_samples < 0:
+        fail(command, f"--min-health-samples must be 0 or more, got {min_health_samples}", 2)
+    if from_version is not None and (from_version < 1 or from_version == version):
+        fail(command, f"--from must be a version ≥ 1 other than {version}, got {from_version}", 2)
+    body: dict[str, Any] = {
+        "model": model,
+        "version": version,
+        "waves": waves,
+        "max_failure_rate": parse_fraction(max_failure, "--max-failure", command),
+        "min_reports": min_reports,
+        "soak_s": parse_duration(soak, "--soak", command),
+        "device_timeout_s": parse_duration(
+            device_timeout, "--device-timeout", command, positive=True
+        ),
+        "min_health_samples": min_health_samples,
+    }
+    gates = (
+        ("max_agreement_drop", "--max-agreement-drop", max_agreement_drop, parse_fraction),
+        (
+            "max_error_rate_increase",
+            "--max-error-rate-increase",
+            max_error_rate_increase,
+            parse_fraction,
+        ),
+        (
+            "max_offload_rate_increase",
+            "--max-offload-increase",
+            max_offload_increase,
+            parse_fraction,
+        ),
+        ("max_p99_latency_ratio", "--max-p99-ratio", max_p99_ratio, parse_ratio),
+    )
+    for key, option, text, parse in gates:
+        body[key] = None if text is None else parse(text, option, command)
+    if labels:
+        body["target"] = labels
+    if from_version is not None:
+        body["previous_version"] = from_version
+    interval_s = parse_duration(interval, "--interval", command, positive=True)
+    client = admin_client(command, cdn, token, ca)
+    status = admin_call(command, client.start_rollout, body)
+    if as_json:
+        print_json(status)
+    elif not watch:
+        _print(render_status(status))
+    if watch:
+        _watch("rollout status", client, status, interval_s)
+
+
+@rollout_app.command("status")
+def rollout_status(
+    rollout_id: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[ID]", help="The rollout (default: the newest active one).", show_default=False
+        ),
+    ] = None,
+    watch: Annotated[
+        bool,
+        typer.Option(
+            "--watch",
+            help="Follow it with progress bars until it completes, "
+            "halts, is paused, aborted or rolled back.",
+        ),
+    ] = False,
+    interval: Annotated[str, typer.Option("--interval", help="Poll period for --watch.")] = "2s",
+    cdn: CdnOption = DEFAULT_CDN,
+    token: TokenOption = None,
+    ca: CaOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show a rollout: state, waves (planned, installed, failed, timed out) and health.
+
+    Without ID: the newest active rollout, or the list when none is active
+    (with --json: {"rollouts": [...]}).
+    With --watch the exit status says how it ended: 0 completed or rolled
+    back, 3 halted or aborted, 4 paused, 130 Ctrl-C (the rollout goes on).
+
+    Example: tandem rollout status ro-1a2b3c4d5e6f --watch --interval 5s
+    """
+    command = "rollout status"
+    if watch and as_json:
+        fail(command, "--json and --watch do not mix: poll 'status ID --json' instead", 2)
+    if rollout_id is not None:
+        check_id(rollout_id, command)
+    interval_s = parse_duration(interval, "--interval", command, positive=True)
+    client = admin_client(command, cdn, token, ca)
+    if rollout_id is not None:
+        status = admin_call(command, client.get_rollout, rollout_id)
+    else:
+        rollouts = admin_call(command, client.list_rollouts)
+        active = [r for r in rollouts if r.get("state") in ACTIVE]
+        if not active:
+            if as_json:
+                print_json({"rollouts": rollouts})
+            elif rollouts:
+                typer.echo("no active rollout; the latest ones:")
+                _print(list_table(rollouts[:10]))
+            else:
+                typer.echo("no rollouts yet")
+            return
+        status = active[0]
+    if watch:
+        _watch(command, client, status, interval_s)
+    elif as_json:
+        print_json(status)
+    else:
+        _print(render_status(status))
+
+
+def _steer(
+    command: str, rollout_id: str, action: str, cdn: str, token: str | None, ca: Path | None
+) -> None:
+    check_id(rollout_id, command)
+    client = admin_client(command, cdn, token, ca)
+    status = admin_call(command, getattr(client, action), rollout_id)
+    reason = f" ({status['reason']})" if status.get("reason") else ""
+    typer.echo(f"{status.get('id', rollout_id)}: {status.get('state', '?')}{reason}")
+
+
+IdArgument = Annotated[
+    str, typer.Argument(metavar="ID", help="The rollout's id.", show_default=False)
+]
+
+
+@rollout_app.command("pause")
+def rollout_pause(
+    rollout_id: IdArgument,
+    cdn: CdnOption = DEFAULT_CDN,
+    token: TokenOption = None,
+    ca: CaOption = None,
+) -> None:
+    """Pause a running rollout: no new devices are assigned until 'resume'.
+
+    Example: tandem rollout pause ro-1a2b3c4d5e6f
+    """
+    _steer("rollout pause", rollout_id, "pause", cdn, token, ca)
+
+
+@rollout_app.command("resume")
+def rollout_resume(
+    rollout_id: IdArgument,
+    cdn: CdnOption = DEFAULT_CDN,
+    token: TokenOption = None,
+    ca: CaOption = None,
+) -> None:
+    """Resume a paused or halted rollout (accepting the failures seen so far).
+
+    Example: tandem rollout resume ro-1a2b3c4d5e6f
+    """
+    _steer("rollout resume", rollout_id, "resume", cdn, token, ca)
+
+
+@rollout_app.command("abort")
+def rollout_abort(
+    rollout_id: IdArgument,
+    cdn: CdnOption = DEFAULT_CDN,
+    token: TokenOption = None,
+    ca: CaOption = None,
+) -> None:
+    """Stop a rollout for good; devices not yet updated keep their version.
+
+    Example: tandem rollout abort ro-1a2b3c4d5e6f
+    """
+    _steer("rollout abort", rollout_id, "abort", cdn, token, ca)
+
+
+@rollout_app.command("rollback")
+def rollout_rollback(
+    rollout_id: IdArgument,
+    cdn: CdnOption = DEFAULT_CDN,
+    token: TokenOption = None,
+    ca: CaOption = None,
+) -> None:
+    """Send every device the rollout touched back to the previous version.
+
+    Example: tandem rollout rollback ro-1a2b3c4d5e6f
+    """
+    _steer("rollout rollback", rollout_id, "rollback", cdn, token, ca)
+
+
+@rollout_app.command("list")
+def rollout_list(
+    show_all: Annotated[
+        bool, typer.Option("--all", help="Also finished ones (completed, aborted, rolled back).")
+    ] = False,
+    cdn: CdnOption = DEFAULT_CDN,
+    token: TokenOption = None,
+    ca: CaOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List active rollouts, newest first (--all: every rollout).
+
+    Example: tandem rollout list --all --cdn http://cdn:8700
+    """
+    command = "rollout list"
+    client = admin_client(command, cdn, token, ca)
+    rollouts = admin_call(command, client.list_rollouts)
+    if not show_all:
+        rollouts = [r for r in rollouts if r.get("state") in ACTIVE]
+    if as_json:
+        print_json({"rollouts": rollouts})
+    elif rollouts:
+        _print(list_table(rollouts))
+    else:
+        typer.echo("no rollouts yet" if show_all else "no active rollouts (--all lists every one)")

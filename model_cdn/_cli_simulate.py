@@ -1,0 +1,304 @@
+"""``tandem fleet simulate``: a fleet of simulated devices on a real broker and CDN.
+
+The command runs ``model_cdn.simulator.FleetSimulator`` until Ctrl-C,
+SIGTERM or ``--duration``, with a live summary on stderr (devices online,
+versions running, installs and failures), then disconnects every device
+and exits 0. Failures are one line on stderr and exit 1 (the work failed)
+or 2 (the command line was wrong).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from ._cli_common import MqttCaOption, MqttCertOption, MqttKeyOption, clean_errors, fail
+
+if TYPE_CHECKING:
+    from .simulator import FleetSnapshot, SimulatorConfig
+
+__all__ = ["fleet_simulate"]
+
+_COMMAND = "fleet simulate"
+_REFRESH_S = 0.5
+
+
+def fleet_simulate(
+    devices: Annotated[
+        int, typer.Option("--devices", help="How many devices to simulate.", min=1, max=100_000)
+    ] = 100,
+    trusted_key: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--trusted-key",
+            help="publisher.pub file or 'ed25519:…' text the devices trust (repeatable).",
+            show_default=False,
+        ),
+    ] = None,
+    broker: Annotated[
+        str, typer.Option("--broker", envvar="TANDEM_BROKER", help="MQTT broker URL.")
+    ] = "mqtt://127.0.0.1:1883",
+    cdn: Annotated[
+        str, typer.Option("--cdn", envvar="TANDEM_CDN_URL", help="The model CDN's base URL.")
+    ] = "http://127.0.0.1:8700",
+    read_token: Annotated[
+        str | None,
+        typer.Option(
+            "--read-token",
+            envvar="TANDEM_CDN_READ_TOKEN",
+            help="Bearer token for the CDN's reads, when it wants one.",
+            show_default=False,
+        ),
+    ] = None,
+    cdn_ca: Annotated[
+        Path | None,
+        typer.Option(
+            "--cdn-ca",
+            help="PEM CA that signed an https:// CDN's certificate; default: the system's.",
+            show_default=False,
+        ),
+    ] = None,
+    model: Annotated[str, typer.Option("--model", help="The model the devices run.")] = "mnist",
+    initial_version: Annotated[
+        int, typer.Option("--initial-version", help="The version they start on.", min=1)
+    ] = 1,
+    id_prefix: Annotated[
+        str, typer.Option("--id-prefix", help="Device ids are PREFIX-0001, PREFIX-0002, …")
+    ] = "sim",
+    prefix: Annotated[str, typer.Option("--prefix", help="MQTT topic prefix.")] = "tandem/v1",
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--label",
+            help="KEY=VALUE added to every device's labels (repeatable); site and hw are "
+            "spread over the fleet already.",
+            show_default=False,
+        ),
+    ] = None,
+    telemetry_interval: Annotated[
+        float,
+        typer.Option("--telemetry-interval", help="Seconds between telemetry reports.", min=0.05),
+    ] = 2.0,
+    install_delay: Annotated[
+        str,
+        typer.Option(
+            "--install-delay",
+            help="Seconds an install takes after its download: LOW-HIGH.",
+        ),
+    ] = "0.05-0.5",
+    fail_rate: Annotated[
+        float,
+        typer.Option("--fail-rate", help="Fraction of devices whose installs fail.", min=0, max=1),
+    ] = 0.0,
+    fail_version: Annotated[
+        list[int] | None,
+        typer.Option("--fail-version", help="A bad version: installs fail on every device.", min=1),
+    ] = None,
+    offline_rate: Annotated[
+        float,
+        typer.Option(
+            "--offline-rate", help="Fraction of devices that drop off once.", min=0, max=1
+        ),
+    ] = 0.0,
+    offline_after: Annotated[
+        float,
+        typer.Option("--offline-after", help="They drop within this many seconds.", min=0),
+    ] = 5.0,
+    offline_for: Annotated[
+        float,
+        typer.Option("--offline-for", help="Seconds they stay away.", min=0.1),
+    ] = 10.0,
+    disagree_rate: Annotated[
+        float,
+        typer.Option(
+            "--disagree-rate",
+            help="Fraction of devices whose model agrees with the cloud ~60% (not ~97%).",
+            min=0,
+            max=1,
+        ),
+    ] = 0.0,
+    disagree_version: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--disagree-version", help="A version that disagrees with the cloud everywhere.", min=1
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Picks which devices misbehave.")] = 0,
+    download_workers: Annotated[
+        int, typer.Option("--download-workers", help="Download threads.", min=1, max=256)
+    ] = 16,
+    duration: Annotated[
+        float | None,
+        typer.Option("--duration", help="Stop after this many seconds (default: Ctrl-C).", min=0.1),
+    ] = None,
+    mqtt_ca: MqttCaOption = None,
+    mqtt_cert: MqttCertOption = None,
+    mqtt_key: MqttKeyOption = None,
+) -> None:
+    """Simulate a fleet: real MQTT connections, real signed downloads, no models run.
+
+    Each device connects with its own client id, takes signed assignments
+    from its retained topic, downloads and verifies the manifest and blob
+    from the CDN, reports update status and telemetry like a real device.
+    Some can fail installs (--fail-rate, --fail-version), drop off for a
+    while (--offline-rate) or disagree with the cloud (--disagree-rate,
+    --disagree-version), so rollouts and their gates are tested end to end.
+
+    Example:
+
+        tandem fleet simulate --devices 1000 --trusted-key ~/.tandem/publisher.pub \\
+            --broker mqtt://127.0.0.1:1883 --cdn http://127.0.0.1:8700 --fail-rate 0.01
+    """
+    from shared import ConfigError, MqttSettings, TlsSettings
+
+    from .simulator import FleetSimulator, SimulatorConfig
+
+    with clean_errors(_COMMAND):
+        try:
+            if not trusted_key:
+                raise ConfigError("no --trusted-key: the devices must trust the publisher's key")
+            config = SimulatorConfig(
+                devices=devices,
+                id_prefix=id_prefix,
+                broker=MqttSettings.from_url(broker).with_tls(
+                    ca_certs=mqtt_ca, certfile=mqtt_cert, keyfile=mqtt_key
+                ),
+                topic_prefix=prefix,
+                cdn_url=cdn,
+                read_token=read_token or None,
+                cdn_tls=TlsSettings.from_files(ca_certs=cdn_ca),
+                trusted_keys=tuple(_trusted_key(k) for k in trusted_key),
+                model=model,
+                initial_version=initial_version,
+                labels=_labels(label or []),
+                telemetry_interval_s=telemetry_interval,
+                install_delay_s=_span(install_delay),
+                fail_rate=fail_rate,
+                fail_versions=frozenset(fail_version or ()),
+                offline_rate=offline_rate,
+                offline_after_s=offline_after,
+                offline_for_s=offline_for,
+                disagree_rate=disagree_rate,
+                disagree_versions=frozenset(disagree_version or ()),
+                seed=seed,
+                download_workers=download_workers,
+            )
+        except (ConfigError, ValueError) as e:
+            fail(_COMMAND, str(e), 2)
+        stop = threading.Event()
+        started = time.monotonic()
+        with _stop_on_signals(stop), FleetSimulator(config) as simulator:
+            with contextlib.suppress(KeyboardInterrupt):
+                _watch(simulator, config, stop, duration, started)
+            final = simulator.snapshot()
+    typer.echo(
+        f"simulated {final.total} devices for {time.monotonic() - started:.0f} s: "
+        f"{final.summary()}",
+        err=True,
+    )
+
+
+def _watch(
+    simulator: Any,
+    config: SimulatorConfig,
+    stop: threading.Event,
+    duration: float | None,
+    started: float,
+) -> None:
+    """Show the live summary until ``stop`` is set or ``duration`` has passed."""
+    from rich.console import Console
+    from rich.live import Live
+
+    deadline = None if duration is None else started + duration
+    console = Console(stderr=True)
+    with Live(console=console, refresh_per_second=4, transient=not console.is_terminal) as live:
+        while not stop.is_set():
+            live.update(_render(simulator.snapshot(), config, time.monotonic() - started))
+            left = _REFRESH_S if deadline is None else min(_REFRESH_S, deadline - time.monotonic())
+            if left <= 0 or stop.wait(left):
+                break
+        live.update(_render(simulator.snapshot(), config, time.monotonic() - started))
+
+
+def _render(snapshot: FleetSnapshot, config: SimulatorConfig, elapsed: float) -> Any:
+    from rich.table import Table
+
+    table = Table(
+        title=f"{snapshot.total} simulated devices · {config.model} · {elapsed:.0f} s",
+        show_header=False,
+    )
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column()
+    versions = "  ".join(f"v{v}: {n}" for v, n in sorted(snapshot.versions.items()))
+    states = "  ".join(f"{s}: {n}" for s, n in sorted(snapshot.last_states().items()))
+    rows = [
+        ("online", f"{snapshot.online} / {snapshot.total}"),
+        ("running", versions),
+        ("installs", f"{snapshot.installs} done, {snapshot.installing} in progress"),
+        ("failures", str(snapshot.failures)),
+        ("last reports", states),
+        (
+            "traffic",
+            f"{snapshot.status_reports} status, {snapshot.telemetry_reports} telemetry, "
+            f"{snapshot.http_requests} HTTP requests",
+        ),
+        ("broker / CDN", f"{config.mqtt.url}  {config.cdn_url}"),
+    ]
+    if snapshot.last_error:
+        rows.append(("last error", snapshot.last_error))
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM (and SIGINT) set ``stop``: the fleet then disconnects cleanly."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(_signum: int, _frame: Any) -> None:
+        stop.set()
+
+    for s in previous:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+def _trusted_key(text: str) -> Any:
+    from shared import PublicKey
+
+    return PublicKey.from_text(text) if text.startswith("ed25519:") else PublicKey.load(Path(text))
+
+
+def _labels(items: list[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--label {item!r}: write KEY=VALUE")
+        labels[key.strip()] = value.strip()
+    return labels
+
+
+def _span(text: str) -> tuple[float, float]:
+    """``"0.1-2"`` -> (0.1, 2.0); ``"1"`` -> (1.0, 1.0)."""
+    low, sep, high = text.partition("-")
+    try:
+        values = (float(low), float(high)) if sep else (float(low), float(low))
+    except ValueError as e:
+        raise ValueError(f"--install-delay {text!r}: write LOW-HIGH in seconds") from e
+    return values

@@ -1,0 +1,25 @@
+"""A fleet simulator: many light simulated devices on real MQTT and real CDN downloads.
+
+``FleetSimulator(SimulatorConfig(devices=1000, …))`` connects each device
+over its own MQTT connection (one event-loop thread drives them all), lets
+it take signed assignments from its retained topic, download and verify the
+manifest and blob from the CDN, and report ``UpdateStatus`` and telemetry
+(``DeviceReport``) like a real device. Some devices can be told to fail
+installs, go offline for a while, or run a model that disagrees with the
+cloud, so rollouts are tested end to end. ``tandem fleet simulate`` is the
+command-line front end.
+"""
+
+from ._config import SimulatorConfig, SimulatorError
+from ._device import DeviceState, DeviceTraits
+from ._fleet import FleetSimulator
+from ._snapshot import FleetSnapshot
+
+__all__ = [
+    "DeviceState",
+    "DeviceTraits",
+    "FleetSimulator",
+    "FleetSnapshot",
+    "SimulatorConfig",
+    "SimulatorError",
+]

@@ -1,0 +1,402 @@
+"""One simulated device, as a pure state machine: no network, no clock of its own.
+
+The fleet (``_fleet``) owns the connections and the downloads and calls in
+here from its one event-loop thread, passing the time; everything here is
+a decision about what the device would do and report.
+
+An assignment's way through a device mirrors the real updater
+(``edge_agent.updater``):
+
+    received ──verify──▶ refused (a ``failed`` report; nothing changes)
+        │                  bad or untrusted signature, expired, another device
+        │                  or model, a lower version without ``rollback``, a replay
+        ├─ already running that version, or seen before ▶ ignored (no report)
+        └─▶ downloading ─▶ verifying ─▶ installed / rolled-back   (running_version moves)
+                 │              └─────▶ failed  (fail_rate device, or a fail_versions version)
+                 └────────────────────▶ failed  (manifest refused, download or digest wrong)
+
+Invariants: at most one install at a time (a newer assignment that arrives
+meanwhile waits, the latest one wins); ``running_version`` changes only on
+a successful install, and then the telemetry counters start again from zero
+(they describe the version now serving); ``highest_accepted`` only grows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import MappingProxyType
+
+from shared import (
+    Assignment,
+    DeviceReport,
+    ManifestError,
+    ModelManifest,
+    PublicKey,
+    UpdateState,
+    UpdateStatus,
+    format_time,
+    parse_time,
+    verify_assignment,
+    verify_manifest,
+)
+
+from ._config import SimulatorConfig, SimulatorError
+
+__all__ = [
+    "AssignmentDecision",
+    "DeviceState",
+    "DeviceTraits",
+    "SimulatedDevice",
+    "accept_manifest",
+    "draw_traits",
+]
+
+AGREEMENT = 0.97  # edge-cloud agreement on offloaded samples, a healthy model
+DISAGREEMENT = 0.60  # … a model that disagrees with the cloud
+OFFLOAD_RATE = 0.20
+ERROR_RATE = 0.002
+_REMEMBERED = 16  # assignment payloads a device remembers having handled
+
+
+@dataclass(frozen=True)
+class DeviceTraits:
+    """What the seed made of one device."""
+
+    fails_installs: bool
+    disagrees: bool
+    offline_at_s: float | None  # seconds after the fleet starts; None: stays online
+    requests_per_s: float
+    p50_ms: float
+
+
+def draw_traits(config: SimulatorConfig) -> list[DeviceTraits]:
+    """Every device's traits; exactly round(rate x devices) devices get each misbehaviour."""
+    n = config.devices
+
+    def chosen(what: str, rate: float) -> set[int]:
+        return set(random.Random(f"{config.seed}/{what}").sample(range(n), round(rate * n)))
+
+    failing = chosen("fail", config.fail_rate)
+    disagreeing = chosen("disagree", config.disagree_rate)
+    offline = chosen("offline", config.offline_rate)
+    rng = random.Random(f"{config.seed}/traits")
+    low, high = config.requests_per_s
+    traits = []
+    for i in range(n):
+        offline_at = rng.uniform(0, config.offline_after_s) if i in offline else None
+        traits.append(
+            DeviceTraits(
+                fails_installs=i in failing,
+                disagrees=i in disagreeing,
+                offline_at_s=offline_at,
+                requests_per_s=rng.uniform(low, high),
+                p50_ms=rng.uniform(2.0, 12.0),
+            )
+        )
+    return traits
+
+
+@dataclass(frozen=True)
+class AssignmentDecision:
+    """What a device does with an assignment: report something, start an install, or both."""
+
+    report: UpdateStatus | None = None
+    install: Assignment | None = None
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """A snapshot of one device, for tests and the live summary."""
+
+    device: str
+    labels: Mapping[str, str]  # read-only
+    online: bool
+    model: str
+    running_version: int
+    installing_version: int | None
+    last_status: UpdateStatus | None
+    installs: int  # successful installs and rollbacks
+    failures: int  # failed reports: refused assignments and failed installs
+    connects: int  # successful MQTT connections, the first one included
+    traits: DeviceTraits
+
+
+def accept_manifest(
+    raw: bytes | None, assignment: Assignment, trusted: Sequence[PublicKey]
+) -> ModelManifest:
+    """The manifest if it is signed, current and the one the assignment asks for."""
+    what = f"{assignment.model}@{assignment.version}"
+    if raw is None:
+        raise SimulatorError(f"the CDN has no manifest for {what}")
+    try:
+        manifest = verify_manifest(raw, list(trusted))
+    except ManifestError as e:
+        raise SimulatorError(f"manifest refused: {e}") from e
+    if manifest.name != assignment.model or manifest.version != assignment.version:
+        raise SimulatorError(
+            f"manifest refused: it describes {manifest.name}@{manifest.version}, "
+            f"the assignment asks for {what}"
+        )
+    return manifest
+
+
+class SimulatedDevice:
+    """One device's state and decisions. Not thread-safe: one thread drives it."""
+
+    def __init__(
+        self,
+        device: str,
+        *,
+        config: SimulatorConfig,
+        labels: dict[str, str],
+        traits: DeviceTraits,
+        now: float,
+    ) -> None:
+        self.device = device
+        self.model = config.model
+        self.labels: Mapping[str, str] = MappingProxyType(dict(labels))
+        self.traits = traits
+        self.online = False
+        self.connects = 0
+        self._state: DeviceState | None = None  # state()'s answer until something changes
+        self.running_version = config.initial_version
+        self.highest_accepted = config.initial_version
+        self.last_issued_at: str | None = None
+        self.installing: Assignment | None = None
+        self.last_status: UpdateStatus | None = None
+        self.installs = 0
+        self.failures = 0
+        self._keys = list(config.trusted_keys)
+        self._fail_versions = config.fail_versions
+        self._disagree_versions = config.disagree_versions
+        self._install_delay = config.install_delay_s
+        self._rng = random.Random(f"{config.seed}/{device}")
+        self._pending: bytes | None = None  # an assignment that came during an install
+        self._handled: dict[str, None] = {}
+        self.requests = self.errors = self.offloads = self.agreed = 0
+        self._last_tick = now
+
+    # -- the connection ----------------------------------------------------------------------
+
+    def connected(self) -> bool:
+        """The broker accepted the connection; True the first time."""
+        self.online = True
+        self.connects += 1
+        self._state = None
+        return self.connects == 1
+
+    def disconnected(self) -> None:
+        self.online = False
+        self._state = None
+
+    # -- assignments -----------------------------------------------------------------------
+
+    def on_assignment(self, payload: bytes, now: float) -> AssignmentDecision:
+        """Decide about an assignment payload (retained or fresh) from the broker."""
+        if not payload:  # a cleared retained message
+            return AssignmentDecision()
+        key = hashlib.sha256(payload).hexdigest()
+        if key in self._handled:
+            return AssignmentDecision()
+        if self.installing is not None:
+            self._pending = payload  # the latest one wins once this install ends
+            return AssignmentDecision()
+        self._remember(key)
+        try:
+            assignment = self._accept(payload)
+        except SimulatorError as e:
+            version = _claimed_version(payload) or self.running_version
+            return AssignmentDecision(report=self._failed(version, str(e), None, now))
+        if assignment.version == self.running_version:
+            return AssignmentDecision()
+        self.installing = assignment
+        report = self._report(
+            assignment.version, UpdateState.DOWNLOADING, "", now, assignment.rollout
+        )
+        return AssignmentDecision(report=report, install=assignment)
+
+    def download_finished(self, error: str | None, now: float) -> tuple[UpdateStatus, float | None]:
+        """After the manifest and blob: the report, and how long the install then takes
+        (``None`` when the download failed and the install is over)."""
+        assignment = self._current()
+        if error is not None:
+            self.installing = None
+            return self._failed(assignment.version, error, assignment.rollout, now), None
+        low, high = self._install_delay
+        report = self._report(
+            assignment.version, UpdateState.VERIFYING, "", now, assignment.rollout
+        )
+        return report, self._rng.uniform(low, high)
+
+    def install_finished(self, now: float) -> UpdateStatus:
+        """The end of the install: the new version serves, or this device fails it."""
+        assignment = self._current()
+        self.installing = None
+        version = assignment.version
+        if self.traits.fails_installs or version in self._fail_versions:
+            reason = f"smoke test failed on {self.model}@{version} (simulated failure)"
+            return self._failed(version, reason, assignment.rollout, now)
+        rollback = assignment.rollback and version < self.running_version
+        self.running_version = version
+        self.highest_accepted = max(self.highest_accepted, version)
+        self.last_issued_at = assignment.issued_at
+        self.installs += 1
+        self._reset_counters(now)
+        state = UpdateState.ROLLED_BACK if rollback else UpdateState.INSTALLED
+        return self._report(version, state, "", now, assignment.rollout)
+
+    def take_pending(self) -> bytes | None:
+        """The assignment that arrived during the install that just ended, if any."""
+        payload, self._pending = self._pending, None
+        return payload
+
+    # -- telemetry -------------------------------------------------------------------------
+
+    def telemetry(self, now: float) -> DeviceReport:
+        """A report with the counters advanced to ``now`` (since this version started)."""
+        elapsed = max(0.0, now - self._last_tick)
+        self._last_tick = now
+        expected = self.traits.requests_per_s * elapsed
+        new = int(expected) + (self._rng.random() < expected - int(expected))
+        offloads = _binomial(self._rng, new, OFFLOAD_RATE)
+        disagrees = self.traits.disagrees or self.running_version in self._disagree_versions
+        agreed = _binomial(self._rng, offloads, DISAGREEMENT if disagrees else AGREEMENT)
+        self.requests += new
+        self.errors += _binomial(self._rng, new, ERROR_RATE)
+        self.offloads += offloads
+        self.agreed += agreed
+        p50 = self.traits.p50_ms * self._rng.uniform(0.9, 1.1)
+        return DeviceReport(
+            device=self.device,
+            at=now,
+            labels=dict(self.labels),
+            capabilities={"runtime": "simulated"},
+            model=self.model,
+            version=self.running_version,
+            requests=self.requests,
+            errors=self.errors,
+            offloads=self.offloads,
+            agreement_samples=self.offloads,
+            agreed=self.agreed,
+            p50_ms=round(p50, 3) if self.requests else None,
+            p99_ms=round(p50 * self._rng.uniform(3.0, 5.0), 3) if self.requests else None,
+        )
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def state(self) -> DeviceState:
+        """A snapshot; the same object until the device changes (fleet snapshots are cheap)."""
+        if self._state is not None:
+            return self._state
+        self._state = DeviceState(
+            device=self.device,
+            labels=self.labels,
+            online=self.online,
+            model=self.model,
+            running_version=self.running_version,
+            installing_version=self.installing.version if self.installing else None,
+            last_status=self.last_status,
+            installs=self.installs,
+            failures=self.failures,
+            connects=self.connects,
+            traits=self.traits,
+        )
+        return self._state
+
+    # -- inside ----------------------------------------------------------------------------
+
+    def _accept(self, payload: bytes) -> Assignment:
+        """The assignment if this device may act on it (the real updater's rules)."""
+        try:
+            assignment = verify_assignment(payload, self._keys)
+        except ManifestError as e:  # SignatureError and ExpiredError included
+            raise SimulatorError(f"assignment refused: {e}") from e
+        if assignment.device != self.device:
+            raise SimulatorError(
+                f"assignment refused: it is for device {assignment.device!r}, not {self.device!r}"
+            )
+        if assignment.model != self.model:
+            raise SimulatorError(
+                f"assignment refused: it is for model {assignment.model!r}, not {self.model!r}"
+            )
+        if assignment.version < self.highest_accepted and not assignment.rollback:
+            raise SimulatorError(
+                f"assignment refused: version {assignment.version} is below the highest "
+                f"accepted {self.highest_accepted} and the publisher did not sign a rollback"
+            )
+        last = self.last_issued_at
+        if last is not None and parse_time(assignment.issued_at, "issued_at") < parse_time(
+            last, "last_issued_at"
+        ):
+            raise SimulatorError(
+                f"assignment refused: issued at {assignment.issued_at}, before the last "
+                f"accepted one ({last}): a replay"
+            )
+        return assignment
+
+    def _current(self) -> Assignment:
+        if self.installing is None:
+            raise SimulatorError(f"{self.device}: no install in progress")
+        return self.installing
+
+    def _failed(self, version: int, reason: str, rollout: str | None, now: float) -> UpdateStatus:
+        self.failures += 1
+        return self._report(version, UpdateState.FAILED, reason, now, rollout)
+
+    def _report(
+        self,
+        version: int,
+        state: UpdateState,
+        reason: str,
+        now: float,
+        rollout: str | None,
+    ) -> UpdateStatus:
+        status = UpdateStatus(
+            device=self.device,
+            model=self.model,
+            version=version,
+            state=state,
+            at=format_time(datetime.fromtimestamp(now, UTC)),
+            reason=reason.splitlines()[0] if reason else "",
+            running_version=self.running_version,
+            rollout=rollout,
+        )
+        self.last_status = status
+        self._state = None
+        return status
+
+    def _reset_counters(self, now: float) -> None:
+        self.requests = self.errors = self.offloads = self.agreed = 0
+        self._last_tick = now
+
+    def _remember(self, key: str) -> None:
+        self._handled[key] = None
+        while len(self._handled) > _REMEMBERED:
+            del self._handled[next(iter(self._handled))]
+
+
+def _binomial(rng: random.Random, n: int, p: float) -> int:
+    """A binomial draw: exact for small ``n``, the normal approximation beyond (cheap)."""
+    if n <= 0:
+        return 0
+    if n < 10:
+        return sum(rng.random() < p for _ in range(n))
+    mean, sd = n * p, math.sqrt(n * p * (1 - p))
+    return min(n, max(0, round(rng.gauss(mean, sd))))
+
+
+def _claimed_version(raw: bytes) -> int | None:
+    """The version an (unverified) assignment claims, only to label its failure report."""
+    try:
+        version = json.loads(raw)["signed"]["version"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+    if isinstance(version, int) and not isinstance(version, bool) and version >= 1:
+        return version
+    return None
