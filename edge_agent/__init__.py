@@ -36,7 +36,13 @@ from ._estimator import Ewma, LatencyEstimator, NetworkEstimator
 from ._policy import Decision, HeavyCheck, OffloadPolicy, RequestFacts, Route, UncertainCheck
 from ._result import InferenceResult, LatencyBreakdown, Source
 from ._scores import SCORES, entropy, margin, max_probability, to_probabilities
-from ._telemetry import AgentMetrics, LatencyWindow, TelemetryRecorder, TelemetryReporter
+from ._telemetry import (
+    AgentMetrics,
+    LatencyWindow,
+    ModelCounters,
+    TelemetryRecorder,
+    TelemetryReporter,
+)
 from ._uplink import MqttUplink, UplinkStats
 from .runtimes import ModelRuntime, TensorSpec, load_runtime
 from .updater import DeviceModelStore, DownloadSettings, ModelUpdater, UpdaterStats
@@ -65,6 +71,7 @@ __all__ = [
     "LatencyBreakdown",
     "LatencyEstimator",
     "LatencyWindow",
+    "ModelCounters",
     "ModelLoadError",
     "ModelRuntime",
     "ModelUpdater",

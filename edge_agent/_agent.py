@@ -12,6 +12,17 @@ local model within the deadline when it has not run yet (its predicted time
 is reserved); the cloud answer wins when it arrives in time; a timeout, a
 lost broker, an open circuit breaker or an ``overloaded`` reply yields the
 local answer marked ``edge-fallback``.
+
+Counting: ``stats`` counts answered calls of the whole agent; ``_serving``
+(``ServingStats``) counts calls that ended on the edge model now serving,
+answered or raised (``errors``: any exception ``infer`` raises, from invalid
+input to a runtime failure to ``NoAnswerError``; not a cancelled async call),
+offloads and agreement. Setting ``runtime`` (``swap_model`` does) starts new
+counters; a call counts towards the model it started with.
+
+The local path is the hot path (its Python work is what the agent adds to a
+runtime call): it builds only the objects it returns, reuses constant
+decisions, takes one lock, and leaves sums and percentiles to the readers.
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ from ._errors import InvalidInputError, NoAnswerError, UplinkError
 from ._estimator import LatencyEstimator, NetworkEstimator
 from ._policy import Decision, OffloadPolicy, RequestFacts, Route
 from ._result import InferenceResult, LatencyBreakdown, Source
-from ._telemetry import AgentMetrics, TelemetryRecorder, snapshot
+from ._telemetry import AgentMetrics, ServingStats, TelemetryRecorder, check_labels, snapshot
 from ._uplink import MqttUplink
 from .runtimes import ModelRuntime, load_runtime
 
@@ -47,10 +58,16 @@ log = logging.getLogger("tandem.edge")
 
 # Hub replies that say "the cloud is not there for you now": they feed the breaker.
 _UNAVAILABLE = frozenset({ErrorCode.OVERLOADED, ErrorCode.DEADLINE_EXCEEDED, ErrorCode.INTERNAL})
+_LOCAL = Route.LOCAL
+_EDGE = Source.EDGE
+_CLOUD = Source.CLOUD
+_now = time.perf_counter
 
 
 @dataclass
 class AgentStats:
+    """Answered calls of the whole agent since it started (``agent.stats`` is a snapshot)."""
+
     requests: int = 0
     by_source: Counter[str] = field(default_factory=Counter)
     by_reason: Counter[str] = field(default_factory=Counter)
@@ -62,7 +79,7 @@ class AgentStats:
         return self.offload_attempts / self.requests if self.requests else 0.0
 
 
-@dataclass
+@dataclass(slots=True)
 class _Call:
     """State of one request as it moves through the agent."""
 
@@ -70,14 +87,22 @@ class _Call:
     inputs: dict[str, np.ndarray]
     deadline_ms: float
     started: float
-    payload_bytes: int
     runtime: ModelRuntime | None  # read once: a model swap mid-call does not affect it
+    serving: ServingStats  # the counters of that runtime
     local_outputs: dict[str, np.ndarray] | None = None
     local_ms: float = 0.0
     score: float | None = None
 
     def elapsed_ms(self) -> float:
-        return (time.perf_counter() - self.started) * 1000.0
+        return (_now() - self.started) * 1000.0
+
+    @property
+    def payload_bytes(self) -> int:
+        # Computed when asked: the local path of an always-local policy never asks.
+        total = 0
+        for array in self.inputs.values():
+            total += array.nbytes
+        return total
 
 
 class BaseAgent:
@@ -102,7 +127,10 @@ class BaseAgent:
         network_estimator: NetworkEstimator | None = None,
         safety_margin_ms: float = 1.0,
         latency_window: int = 1024,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
+        self.labels = check_labels(labels)  # reported in telemetry, e.g. {"site": "factory-a"}
+        self._latency_window = latency_window
         self.runtime = load_runtime(model) if isinstance(model, str | Path) else model
         if self.runtime is None and cloud_model is None:
             raise ValueError("give a local model, a cloud_model, or both")
@@ -124,7 +152,10 @@ class BaseAgent:
         self.breaker = breaker or CircuitBreaker()
         self.local_estimator = local_estimator or LatencyEstimator()
         self.network_estimator = network_estimator or NetworkEstimator()
-        self.stats = AgentStats()
+        # Answered calls by (source, reason, deadline met): one increment per call; the
+        # totals ``stats`` reports are summed when read.
+        self._answers: Counter[tuple[Source, str, bool]] = Counter()
+        self._offload_attempts = 0
         self._stats_lock = threading.Lock()
         # Request ids: a random per-instance prefix and a counter (a uuid per call cost
         # more than the rest of the local path's bookkeeping); unique on this device's
@@ -140,27 +171,61 @@ class BaseAgent:
                 settings, device_id=device_id, topics=topics, transfer=transfer, limits=limits
             )
 
+    @property
+    def runtime(self) -> ModelRuntime | None:
+        """The edge model serving new calls (``None``: no local model)."""
+        return self._serving.runtime
+
+    @runtime.setter
+    def runtime(self, runtime: ModelRuntime | None) -> None:
+        # One assignment: a call reads the runtime and its counters together.
+        self._serving = ServingStats(runtime, window=self._latency_window)
+
+    @property
+    def stats(self) -> AgentStats:
+        """Counts of answered calls since the agent started; each read is a new snapshot."""
+        with self._stats_lock:
+            answers = list(self._answers.items())
+            stats = AgentStats(offload_attempts=self._offload_attempts)
+        for (source, reason, met), n in answers:
+            stats.requests += n
+            stats.by_source[str(source)] += n
+            stats.by_reason[reason] += n
+            if not met:
+                stats.deadline_misses += n
+        return stats
+
     # -- the pure steps ----------------------------------------------------------------------
 
     def _begin(
-        self, inputs: Mapping[str, np.ndarray] | np.ndarray, deadline_ms: float | None
+        self,
+        serving: ServingStats,
+        inputs: Mapping[str, np.ndarray] | np.ndarray,
+        deadline_ms: float | None,
     ) -> _Call:
-        started = time.perf_counter()
-        runtime = self.runtime
-        named = self._name_inputs(inputs, runtime)
-        if runtime is not None:
-            named = runtime.validate(named)
-        deadline = self.default_deadline_ms if deadline_ms is None else float(deadline_ms)
-        if not deadline > 0:
-            raise InvalidInputError(f"deadline_ms must be positive, got {deadline_ms!r}")
+        started = _now()
+        runtime = serving.runtime
+        if runtime is None:
+            named = self._name_inputs(inputs, None)
+        elif type(inputs) is np.ndarray:
+            named = runtime.validate_array(inputs)
+        else:
+            named = runtime.validate(self._name_inputs(inputs, runtime))
+        if deadline_ms is None:
+            deadline = self.default_deadline_ms
+        else:
+            deadline = float(deadline_ms)
+            if not deadline > 0:
+                raise InvalidInputError(f"deadline_ms must be positive, got {deadline_ms!r}")
         return _Call(
-            request_id=f"{self._id_prefix}{next(self._ids):x}",
-            inputs=named,
-            deadline_ms=deadline,
-            started=started,
-            payload_bytes=sum(a.nbytes for a in named.values()),
-            runtime=runtime,
+            f"{self._id_prefix}{next(self._ids):x}", named, deadline, started, runtime, serving
         )
+
+    def _failed(self, serving: ServingStats) -> None:
+        """A call on ``serving``'s model raised to its caller."""
+        with self._stats_lock:
+            serving.requests += 1
+            serving.errors += 1
 
     def _name_inputs(
         self, inputs: Mapping[str, np.ndarray] | np.ndarray, runtime: ModelRuntime | None
@@ -185,20 +250,25 @@ class BaseAgent:
         return {self.input_name: inputs}
 
     def _route_before(self, call: _Call) -> Decision:
+        policy = self.policy
+        decision = policy.fixed_route(local_model=call.runtime is not None)
+        if decision is not None:
+            return decision
         facts = RequestFacts(
             payload_bytes=call.payload_bytes,
             deadline_ms=call.deadline_ms,
             local_model=call.runtime is not None,
             queue_depth=self._local_inflight,
         )
-        return self.policy.before(facts, self.local_estimator, self.network_estimator)
+        return policy.before(facts, self.local_estimator, self.network_estimator)
 
     def _route_after(self, call: _Call) -> Decision:
         assert call.local_outputs is not None
-        scores = None
-        if self.policy.uncertain is not None:
-            scores = self.policy.uncertain.scores(call.local_outputs)
-        decision = self.policy.after(scores)
+        policy = self.policy
+        uncertain = policy.uncertain
+        if uncertain is None:
+            return policy.after(None)  # no score: call.score stays None
+        decision = policy.after(uncertain.scores(call.local_outputs))
         call.score = decision.score
         return decision
 
@@ -224,7 +294,8 @@ class BaseAgent:
     def _send(self, call: _Call, wait_ms: float) -> Future[Message]:
         assert self.uplink is not None
         with self._stats_lock:
-            self.stats.offload_attempts += 1
+            self._offload_attempts += 1
+            call.serving.offloads += 1
         future, _ = self.uplink.send(
             model=self.cloud_model,
             tensors=call.inputs,
@@ -276,8 +347,12 @@ class BaseAgent:
         versions["cloud"] = f"{reply.model}@{reply.model_version or '?'}"
         self.telemetry.cloud_version = versions["cloud"]
         if call.local_outputs is not None:
-            self.telemetry.compare(call.local_outputs, reply.tensors)
-        return self._finish(call, reply.tensors, Source.CLOUD, reason, latency, versions)
+            compared, agreed = self.telemetry.compare(call.local_outputs, reply.tensors)
+            if compared:
+                with self._stats_lock:
+                    call.serving.compared += compared
+                    call.serving.agreed += agreed
+        return self._finish(call, reply.tensors, _CLOUD, reason, latency, versions)
 
     def _fallback_result(self, call: _Call, reason: str) -> InferenceResult:
         assert call.local_outputs is not None
@@ -291,8 +366,8 @@ class BaseAgent:
 
     def _edge_result(self, call: _Call, reason: str) -> InferenceResult:
         assert call.local_outputs is not None
-        latency = LatencyBreakdown(total_ms=call.elapsed_ms(), local_ms=call.local_ms)
-        return self._finish(call, call.local_outputs, Source.EDGE, reason, latency)
+        latency = LatencyBreakdown((_now() - call.started) * 1000.0, call.local_ms)
+        return self._finish(call, call.local_outputs, _EDGE, reason, latency)
 
     def _finish(
         self,
@@ -303,34 +378,27 @@ class BaseAgent:
         latency: LatencyBreakdown,
         versions: dict[str, str] | None = None,
     ) -> InferenceResult:
-        met = latency.total_ms <= call.deadline_ms
+        total_ms = latency.total_ms
+        met = total_ms <= call.deadline_ms
+        serving = call.serving
         with self._stats_lock:
-            self.stats.requests += 1
-            self.stats.by_source[source.value] += 1
-            self.stats.by_reason[reason] += 1
-            self.stats.deadline_misses += not met
-        recorder = self.telemetry
-        recorder.record("total", latency.total_ms)
-        if call.local_outputs is not None:
-            recorder.record("local", call.local_ms)
-        if source is Source.CLOUD:
-            recorder.record("offloaded", latency.total_ms)
+            self._answers[source, reason, met] += 1
+            serving.requests += 1
+        serving.latency.append(total_ms)
+        self.telemetry.record_answer(
+            total_ms, call.local_ms if call.local_outputs is not None else None, source is _CLOUD
+        )
+        if versions is None:
+            versions = {"edge": serving.versions} if call.runtime is not None else {}
         return InferenceResult(
-            outputs=outputs,
-            source=source,
-            request_id=call.request_id,
-            reason=reason,
-            latency=latency,
-            model_versions=versions if versions is not None else self._versions(call),
-            score=call.score,
-            deadline_met=met,
+            outputs, source, call.request_id, reason, latency, versions, call.score, met
         )
 
     @staticmethod
     def _versions(call: _Call) -> dict[str, str]:
         if call.runtime is None:
             return {}
-        return {"edge": f"{call.runtime.name}@{call.runtime.version}"}
+        return {"edge": call.serving.versions}
 
     def metrics(self) -> AgentMetrics:
         """A snapshot of counts, latency percentiles, agreement and link state."""
@@ -344,7 +412,8 @@ class BaseAgent:
         is not closed here: the caller closes it (or lets it go) once its
         in-flight calls are done.
         """
-        old, self.runtime = self.runtime, runtime
+        old = self.runtime
+        self.runtime = runtime  # new counters: telemetry reports this version from zero
         return old
 
     def calibrate(
@@ -397,13 +466,22 @@ class EdgeAgent(BaseAgent):
         self, inputs: Mapping[str, np.ndarray] | np.ndarray, *, deadline_ms: float | None = None
     ) -> InferenceResult:
         """Answer one request within ``deadline_ms`` (default ``default_deadline_ms``)."""
-        call = self._begin(inputs, deadline_ms)
-        decision = self._route_before(call)
-        if decision.route is Route.LOCAL:
-            self._run_local(call)
-            decision = self._route_after(call)
-            if decision.route is Route.LOCAL:
-                return self._edge_result(call, decision.reason)
+        serving = self._serving
+        try:
+            call = self._begin(serving, inputs, deadline_ms)
+            decision = self._route_before(call)
+            if decision.route is _LOCAL:
+                self._run_local(call)
+                if self.policy.always is None:  # an always-* policy decided before the run
+                    decision = self._route_after(call)
+                if decision.route is _LOCAL:
+                    return self._edge_result(call, decision.reason)
+            return self._offload(call, decision)
+        except Exception:
+            self._failed(serving)
+            raise
+
+    def _offload(self, call: _Call, decision: Decision) -> InferenceResult:
         wait_ms, why_not = self._cloud_wait_ms(call)
         if why_not is None:
             try:
@@ -422,14 +500,18 @@ class EdgeAgent(BaseAgent):
         return self._fallback_result(call, why_not)
 
     def _run_local(self, call: _Call) -> None:
-        assert call.runtime is not None
+        runtime = call.runtime
+        assert runtime is not None
         self._local_inflight += 1
-        t0 = time.perf_counter()
+        t0 = _now()
         try:
-            outputs = call.runtime.run_validated(call.inputs)  # _begin validated them
+            outputs = runtime.run_validated(call.inputs)  # _begin validated them
         finally:
             self._local_inflight -= 1
-        self._local_done(call, outputs, (time.perf_counter() - t0) * 1000.0)
+        local_ms = (_now() - t0) * 1000.0
+        call.local_outputs = outputs
+        call.local_ms = local_ms
+        self.local_estimator.observe(local_ms)
 
 
 class AsyncEdgeAgent(BaseAgent):
@@ -455,13 +537,22 @@ class AsyncEdgeAgent(BaseAgent):
     async def infer(
         self, inputs: Mapping[str, np.ndarray] | np.ndarray, *, deadline_ms: float | None = None
     ) -> InferenceResult:
-        call = self._begin(inputs, deadline_ms)
-        decision = self._route_before(call)
-        if decision.route is Route.LOCAL:
-            await self._run_local(call)
-            decision = self._route_after(call)
-            if decision.route is Route.LOCAL:
-                return self._edge_result(call, decision.reason)
+        serving = self._serving
+        try:
+            call = self._begin(serving, inputs, deadline_ms)
+            decision = self._route_before(call)
+            if decision.route is _LOCAL:
+                await self._run_local(call)
+                if self.policy.always is None:  # an always-* policy decided before the run
+                    decision = self._route_after(call)
+                if decision.route is _LOCAL:
+                    return self._edge_result(call, decision.reason)
+            return await self._offload(call, decision)
+        except Exception:  # not CancelledError: a caller giving up is not the model's error
+            self._failed(serving)
+            raise
+
+    async def _offload(self, call: _Call, decision: Decision) -> InferenceResult:
         wait_ms, why_not = self._cloud_wait_ms(call)
         if why_not is None:
             try:
@@ -484,9 +575,9 @@ class AsyncEdgeAgent(BaseAgent):
         runtime = call.runtime
         assert runtime is not None
         self._local_inflight += 1
-        t0 = time.perf_counter()
+        t0 = _now()
         try:
             outputs = await asyncio.to_thread(runtime.run_validated, call.inputs)
         finally:
             self._local_inflight -= 1
-        self._local_done(call, outputs, (time.perf_counter() - t0) * 1000.0)
+        self._local_done(call, outputs, (_now() - t0) * 1000.0)

@@ -68,7 +68,11 @@ class RequestFacts:
     queue_depth: int = 0
 
 
+# Decisions that do not depend on the request are made once (frozen, so shareable).
 _RUN_LOCAL = Decision(Route.LOCAL, "local")
+_ALWAYS_LOCAL = Decision(Route.LOCAL, "always_local")
+_ALWAYS_CLOUD = Decision(Route.CLOUD, "always_cloud")
+_NO_LOCAL_MODEL = Decision(Route.CLOUD, "no_local_model")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -279,24 +283,39 @@ class OffloadPolicy:
             raise ValueError("this policy has no uncertain check to calibrate")
         return self.uncertain.calibrate(outputs)
 
+    def fixed_route(self, *, local_model: bool) -> Decision | None:
+        """``before``'s decision when it does not depend on the request's facts, else None.
+
+        Lets a caller skip building ``RequestFacts`` for always-local/always-cloud
+        policies and for devices without a local model.
+        """
+        if self.always is Route.CLOUD:
+            return _ALWAYS_CLOUD
+        if not local_model:
+            return _NO_LOCAL_MODEL
+        if self.always is Route.LOCAL:
+            return _ALWAYS_LOCAL
+        return None
+
     def before(
         self, facts: RequestFacts, local: LatencyEstimator, network: NetworkEstimator
     ) -> Decision:
         """Route before any local compute: CLOUD here means 'do not run locally'."""
-        if self.always is Route.CLOUD:
-            return Decision(Route.CLOUD, "always_cloud")
-        if not facts.local_model:
-            return Decision(Route.CLOUD, "no_local_model")
-        if self.always is Route.LOCAL:
-            return Decision(Route.LOCAL, "always_local")
+        fixed = self.fixed_route(local_model=facts.local_model)
+        if fixed is not None:
+            return fixed
         decision = self.heavy.check(facts, local, network) if self.heavy else None
         self._charge_heavy(decision is not None)
         return decision or _RUN_LOCAL
 
     def after(self, scores: np.ndarray | None) -> Decision:
-        """Route after local compute, from the output's uncertainty scores."""
+        """Route after local compute, from the output's uncertainty scores.
+
+        An ``always`` policy has decided in ``before``: this returns that same
+        route, so a caller may skip the call (and the scores) for one.
+        """
         if self.always is Route.LOCAL or self.uncertain is None or scores is None:
-            return Decision(Route.LOCAL, "always_local" if self.always else "local")
+            return _ALWAYS_LOCAL if self.always else _RUN_LOCAL
         return self.uncertain.decide(scores)
 
     def _charge_heavy(self, heavy: bool) -> None:

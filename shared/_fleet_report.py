@@ -28,7 +28,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from ._errors import ManifestError
 from ._topics import NAME_PATTERN
@@ -84,6 +84,10 @@ def _latency(value: object, what: str) -> float | None:
 @dataclass(frozen=True, kw_only=True)
 class DeviceReport:
     """One device's telemetry report; validated on construction (``ManifestError``)."""
+
+    MAX_BYTES: ClassVar[int] = _MAX_BYTES  # of the JSON document
+    MAX_ENTRIES: ClassVar[int] = _MAX_ENTRIES  # labels, and capabilities, each
+    MAX_TEXT: ClassVar[int] = _MAX_TEXT  # characters per label or capability name and value
 
     device: str
     at: float  # seconds since the epoch

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import threading
@@ -11,18 +12,22 @@ import pytest
 
 from edge_agent import (
     AgentMetrics,
+    AsyncEdgeAgent,
     CircuitBreaker,
     EdgeAgent,
+    InferenceError,
+    InvalidInputError,
     LatencyWindow,
+    NoAnswerError,
     OffloadPolicy,
     Source,
     TelemetryReporter,
 )
 from edge_agent.runtimes import load_runtime
-from shared import ErrorCode, Message, MqttSettings, Topics, create_client
+from shared import DeviceReport, ErrorCode, Message, MqttSettings, Topics, create_client
 
 from ._brokers import MosquittoProcess, free_port
-from ._models import linear_classifier_weights
+from ._models import linear_classifier_weights, write_linear_classifier
 from ._responder import Responder
 
 W_EDGE, B_EDGE = linear_classifier_weights(seed=0)
@@ -208,8 +213,9 @@ def test_metrics_serialise_to_strict_json(linear_onnx: Path) -> None:
         metrics = agent.metrics()
     decoded = json.loads(metrics.to_json())
     assert decoded == metrics.to_dict()
-    assert decoded["schema"] == 1 and decoded["requests"] == 1
-    assert AgentMetrics(**decoded) == metrics
+    assert decoded["schema"] == 2 and decoded["requests"] == 1
+    assert decoded["agent_requests"] == 1 and decoded["by_source"] == {"edge": 1}
+    assert AgentMetrics.from_dict(decoded) == metrics
 
 
 # -- telemetry on the real broker -------------------------------------------------------------
@@ -290,3 +296,240 @@ def test_reporter_rejects_bad_configuration(linear_onnx: Path) -> None:
             TelemetryReporter(agent, qos=2)
     finally:
         agent.close()
+
+
+# -- the fleet's view: every snapshot is a shared.DeviceReport ---------------------------------
+
+
+def write_failing_model(path: Path) -> Path:
+    """x FP32[?, 16] -> Reshape to [16]: valid for a batch of 1, a runtime failure otherwise."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["x", "shape"], ["flat"])],
+        "fails-on-batches",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("flat", TensorProto.FLOAT, [16])],
+        initializer=[numpy_helper.from_array(np.array([16], dtype=np.int64), "shape")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def report_of(agent: EdgeAgent | AsyncEdgeAgent) -> DeviceReport:
+    return DeviceReport.from_json(agent.metrics().to_json())
+
+
+def test_snapshot_is_a_device_report(linear_onnx: Path) -> None:
+    labels = {"site": "factory-a", "hw": "npu"}
+    with make_agent(linear_onnx, None, OffloadPolicy.always_local(), labels=labels) as agent:
+        results = [agent.infer(row[None]) for row in sample(9)]
+        metrics = agent.metrics()
+    report = DeviceReport.from_json(metrics.to_json())
+    assert report == metrics.device_report()
+    assert report.device == "dev-tel" and report.at == metrics.timestamp
+    assert report.labels == labels
+    assert report.capabilities == {"runtime": "onnxruntime", "provider": "CPUExecutionProvider"}
+    assert (report.model, report.version) == ("linear", 3)
+    assert (report.requests, report.errors, report.offloads) == (9, 0, 0)
+    assert report.agreement_samples == report.agreed == 0 and report.agreement is None
+    total = [r.latency.total_ms for r in results]
+    assert report.p50_ms == nearest_rank(total, 50)
+    assert report.p99_ms == nearest_rank(total, 99)
+    assert report.error_rate == 0.0 and report.offload_rate == 0.0
+
+
+def test_swap_resets_the_per_version_counters(linear_onnx: Path, tmp_path: Path) -> None:
+    newer = write_linear_classifier(tmp_path / "linear-v4.onnx", seed=1)
+    with make_agent(linear_onnx, None, OffloadPolicy.always_local()) as agent:
+        for row in sample(5):
+            agent.infer(row[None])
+        with pytest.raises(InvalidInputError):
+            agent.infer(np.zeros((1, 3), np.float32))
+        before = report_of(agent)
+        old = agent.swap_model(load_runtime(newer, name="linear", version="4"))
+        assert old is not None
+        old.close()
+        swapped = report_of(agent)
+        answers = [agent.infer(row[None]) for row in sample(2, seed=9)]
+        after = report_of(agent)
+        metrics = agent.metrics()
+    assert (before.version, before.requests, before.errors) == (3, 6, 1)
+    assert before.error_rate == pytest.approx(1 / 6)
+    assert (swapped.version, swapped.requests, swapped.errors) == (4, 0, 0)
+    assert swapped.p50_ms is None and swapped.p99_ms is None
+    assert (after.model, after.version, after.requests, after.errors) == ("linear", 4, 2, 0)
+    assert after.p99_ms == nearest_rank([r.latency.total_ms for r in answers], 99)
+    assert all(r.model_versions == {"edge": "linear@4"} for r in answers)
+    # The whole-agent figures keep counting across the swap.
+    assert metrics.requests == 7 and metrics.by_source == {"edge": 7}
+    assert metrics.serving.requests == 2 and metrics.model_versions == {"edge": "linear@4"}
+    assert metrics.serving.since is not None and metrics.serving.since >= metrics.timestamp - 60
+
+
+def test_assigning_the_runtime_also_starts_new_counters(linear_onnx: Path) -> None:
+    # The updater puts the old model back this way when a commit fails.
+    with make_agent(linear_onnx, None, OffloadPolicy.always_local()) as agent:
+        agent.infer(sample())
+        agent.runtime = load_runtime(linear_onnx, name="linear", version="2")
+        report = report_of(agent)
+    assert (report.version, report.requests) == (2, 0)
+
+
+def test_local_runtime_failures_count_as_errors(tmp_path: Path) -> None:
+    runtime = load_runtime(write_failing_model(tmp_path / "fails.onnx"), name="fails", version="1")
+    with EdgeAgent(runtime, device_id="dev-err", policy=OffloadPolicy.always_local()) as agent:
+        agent.infer(sample(1))
+        for _ in range(3):
+            with pytest.raises(InferenceError):
+                agent.infer(sample(2))
+        with pytest.raises(InvalidInputError):
+            agent.infer(sample(1), deadline_ms=-1)
+        report = report_of(agent)
+        metrics = agent.metrics()
+    assert (report.model, report.version) == ("fails", 1)
+    assert (report.requests, report.errors) == (5, 4)
+    assert metrics.requests == 1  # the whole-agent count is of answered calls, as before
+
+
+def test_offloads_and_agreement_are_counted_per_version(
+    linear_onnx: Path, mosquitto: MosquittoProcess
+) -> None:
+    policy = OffloadPolicy.threshold(-1.0, score="margin")  # every request goes to the cloud
+    xs = sample(12, seed=5)
+    with (
+        Responder(mosquitto.url, agrees_when_first_feature_positive),
+        make_agent(linear_onnx, mosquitto.url, policy, cloud_model="linear") as agent,
+    ):
+        for row in xs:
+            agent.infer(row[None], deadline_ms=5000)
+        report = report_of(agent)
+        agent.swap_model(load_runtime(linear_onnx, name="linear", version="4"))
+        agent.infer(xs[:1], deadline_ms=5000)
+        after = report_of(agent)
+    agreed = int((xs[:, 0] > 0).sum())
+    assert (report.requests, report.offloads, report.errors) == (12, 12, 0)
+    assert (report.agreement_samples, report.agreed) == (12, agreed)
+    assert report.agreement == pytest.approx(agreed / 12)
+    assert (after.version, after.requests, after.offloads, after.agreement_samples) == (4, 1, 1, 1)
+
+
+def test_no_answer_counts_as_an_error_of_a_device_without_a_model() -> None:
+    broker = f"mqtt://127.0.0.1:{free_port()}"  # never started: the cloud cannot answer
+    agent = EdgeAgent(None, device_id="dev-cloud", broker=broker, cloud_model="linear")
+    try:
+        with pytest.raises(NoAnswerError):
+            agent.infer({"x": sample()})
+        report = report_of(agent)
+    finally:
+        agent.close()
+    assert report.model is None and report.version is None and report.capabilities == {}
+    # The offload was attempted (and failed at once: no connection).
+    assert (report.requests, report.errors, report.offloads) == (1, 1, 1)
+
+
+def test_async_agent_reports_per_version_counters(linear_onnx: Path, tmp_path: Path) -> None:
+    newer = write_linear_classifier(tmp_path / "linear-v5.onnx", seed=2)
+
+    async def main() -> tuple[DeviceReport, DeviceReport]:
+        runtime = load_runtime(linear_onnx, name="linear", version="3")
+        async with AsyncEdgeAgent(
+            runtime, device_id="dev-async-tel", labels={"site": "lab"}
+        ) as agent:
+            await asyncio.gather(*(agent.infer(row[None]) for row in sample(4)))
+            with pytest.raises(InvalidInputError):
+                await agent.infer(np.zeros((1, 2), np.float32))
+            first = report_of(agent)
+            agent.swap_model(load_runtime(newer, name="linear", version="5"))
+            await agent.infer(sample())
+            return first, report_of(agent)
+
+    first, second = asyncio.run(main())
+    assert (first.version, first.requests, first.errors) == (3, 5, 1)
+    assert first.labels == {"site": "lab"}
+    assert (second.version, second.requests, second.errors) == (5, 1, 0)
+
+
+def test_unusual_runtime_names_and_versions_are_left_out(linear_onnx: Path) -> None:
+    runtime = load_runtime(linear_onnx, name="not a name", version="v3")
+    with EdgeAgent(runtime, device_id="dev-odd", policy=OffloadPolicy.always_local()) as agent:
+        agent.infer(sample())
+        report = report_of(agent)
+    assert report.model is None and report.version is None and report.requests == 1
+    runtime = load_runtime(linear_onnx, name="linear", version="0")
+    with EdgeAgent(runtime, device_id="dev-odd", policy=OffloadPolicy.always_local()) as agent:
+        report = report_of(agent)
+    assert report.model == "linear" and report.version is None
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        {f"k{i}": "v" for i in range(33)},
+        {"": "v"},
+        {"k" * 129: "v"},
+        {"site": "v" * 129},
+        {"site": 3},
+        {3: "v"},
+        ["site"],
+        {f"k{i}": "é" * 128 for i in range(32)},  # fits the counts, not the report's size
+    ],
+    ids=[
+        "too-many",
+        "empty-name",
+        "long-name",
+        "long-value",
+        "int-value",
+        "int-name",
+        "list",
+        "big",
+    ],
+)
+def test_bad_labels_are_refused(linear_onnx: Path, labels: Any) -> None:
+    with pytest.raises(ValueError, match="label"):
+        make_agent(linear_onnx, None, OffloadPolicy.always_local(), labels=labels)
+
+
+def test_largest_labels_still_fit_the_report(linear_onnx: Path) -> None:
+    labels = {f"label-{i:02d}".ljust(128, "n"): "v" * 100 for i in range(32)}
+    with make_agent(linear_onnx, None, OffloadPolicy.always_local(), labels=labels) as agent:
+        agent.infer(sample())
+        raw = agent.metrics().to_json()
+    assert len(raw.encode()) <= DeviceReport.MAX_BYTES
+    assert DeviceReport.from_json(raw).labels == labels
+
+
+def test_reporter_payload_is_a_device_report_across_a_swap(
+    linear_onnx: Path, mosquitto: MosquittoProcess
+) -> None:
+    topic = Topics().telemetry("dev-fleet")
+    listener = TelemetryListener(mosquitto.url, topic)
+    try:
+        runtime = load_runtime(linear_onnx, name="linear", version="3")
+        with EdgeAgent(
+            runtime,
+            device_id="dev-fleet",
+            broker=mosquitto.url,
+            policy=OffloadPolicy.always_local(),
+            labels={"site": "factory-a"},
+        ) as agent:
+            for row in sample(3):
+                agent.infer(row[None])
+            reporter = TelemetryReporter(agent, interval_s=60, qos=1)
+            assert reporter.report() is not None
+            _, first = listener.messages.get(timeout=10)
+            agent.swap_model(load_runtime(linear_onnx, name="linear", version="4"))
+            agent.infer(sample())
+            assert reporter.report() is not None
+            _, second = listener.messages.get(timeout=10)
+    finally:
+        listener.close()
+    before = DeviceReport.from_json(json.dumps(first).encode())
+    after = DeviceReport.from_json(json.dumps(second).encode())
+    assert (before.device, before.labels) == ("dev-fleet", {"site": "factory-a"})
+    assert (before.version, before.requests) == (3, 3)
+    assert (after.version, after.requests) == (4, 1)
+    assert second["agent_requests"] == 4  # the whole-agent count goes on

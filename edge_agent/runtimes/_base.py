@@ -7,6 +7,11 @@ are free); the total input size is within ``max_input_bytes``. Errors the
 runtime raises on valid input become ``InferenceError``. Subclasses implement
 ``_run`` (and describe their model through ``inputs``, ``outputs`` and
 ``accelerator``).
+
+``validate`` remembers the last (name, dtype, shape) it accepted for a
+model with one input; an input with the same signature is accepted after
+three comparisons instead of the full check (same dtype and shape means the
+same datatype, a compatible shape and the same size).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import numpy as np
 
@@ -42,6 +47,8 @@ class ModelRuntime(ABC):
     """A loaded model that runs on this device."""
 
     kind: ClassVar[str] = "runtime"
+    # (name, dtype, shape, nbytes) of the last single input ``validate`` accepted.
+    _accepted: tuple[str, np.dtype[Any], tuple[int, ...], int] | None = None
 
     def __init__(self, *, name: str, version: str, max_input_bytes: int = 16 * 1024 * 1024) -> None:
         self.name = name
@@ -61,10 +68,39 @@ class ModelRuntime(ABC):
     def accelerator(self) -> str:
         """What actually runs the model, e.g. ``CPUExecutionProvider`` or ``XNNPACK``."""
 
+    def validate_array(self, array: np.ndarray) -> dict[str, np.ndarray]:
+        """``validate`` for a model with one input, given its array alone."""
+        accepted = self._accepted
+        if (
+            accepted is not None
+            and type(array) is np.ndarray
+            and array.shape == accepted[2]
+            and array.dtype == accepted[1]
+            and accepted[3] <= self.max_input_bytes
+        ):
+            return {accepted[0]: array}
+        specs = self.inputs
+        if len(specs) != 1:
+            raise InvalidInputError(
+                f"model {self.name!r} has {len(specs)} inputs; pass a mapping of "
+                f"name to array ({', '.join(s.name for s in specs)})"
+            )
+        return self.validate({specs[0].name: array})
+
     def validate(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Check ``inputs`` against the model's specs; raise ``InvalidInputError`` if off."""
         # Plain loops, no generators: this runs before every inference and
         # its cost counts against the runtime's overhead budget.
+        accepted = self._accepted
+        if accepted is not None and len(inputs) == 1:
+            array = inputs.get(accepted[0])
+            if (
+                type(array) is np.ndarray
+                and array.shape == accepted[2]
+                and array.dtype == accepted[1]
+                and accepted[3] <= self.max_input_bytes
+            ):
+                return {accepted[0]: array}
         specs = self.inputs
         for spec in specs:
             if spec.name not in inputs:
@@ -107,6 +143,8 @@ class ModelRuntime(ABC):
             raise InvalidInputError(
                 f"inputs take {total} bytes; this runtime accepts at most {self.max_input_bytes}"
             )
+        if len(checked) == 1 and type(array) is np.ndarray:
+            self._accepted = (name, array.dtype, array.shape, total)
         return checked
 
     def _reject_names(self, inputs: Mapping[str, np.ndarray]) -> NoReturn:

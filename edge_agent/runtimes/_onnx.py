@@ -10,6 +10,10 @@ loudly, while a real provider that this build or device lacks is skipped,
 with the reason kept in ``fallback_reason`` — a device must keep a working
 model. ``accelerator`` is the provider the session actually got first.
 
+Runs call the session's C++ ``run`` directly (``_direct_run``): the Python
+``InferenceSession.run`` around it only repeats checks that ``validate``
+has made, and costs several microseconds per call.
+
 onnxruntime is imported when the first model loads, not when this module is
 imported, so the SDK imports quickly and a device without it gets a
 ``RuntimeUnavailableError`` at load time.
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -99,6 +103,9 @@ class OnnxRuntime(ModelRuntime):
         self._output_names = [spec.name for spec in self._outputs]
         self._providers: tuple[str, ...] = tuple(self._session.get_providers())
         self._accelerator = self._providers[0]
+        self._direct = _direct_run(self._session)
+        state = getattr(getattr(ort, "capi", None), "onnxruntime_pybind11_state", None)
+        self._ep_fail: Any = getattr(state, "EPFail", ())
 
     @property
     def inputs(self) -> tuple[TensorSpec, ...]:
@@ -119,11 +126,45 @@ class OnnxRuntime(ModelRuntime):
 
     def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         names = self._output_names
-        return dict(zip(names, self._session.run(names, inputs), strict=True))
+        direct = self._direct
+        if direct is None:
+            return dict(zip(names, self._session.run(names, inputs), strict=True))
+        try:
+            outputs = direct(names, inputs, None)
+        except self._ep_fail:
+            # The public method retries on the session's fallback providers, which
+            # replaces the C++ session: run through it, then call the new one.
+            outputs = self._session.run(names, inputs)
+            self._direct = _direct_run(self._session)
+        return dict(zip(names, outputs, strict=True))
 
     def close(self) -> None:
         """Drop the session; onnxruntime frees it with the last reference."""
+        self._direct = None
         self._session = None
+
+
+def _direct_run(session: Any) -> Callable[..., list[Any]] | None:
+    """The C++ ``run`` under ``InferenceSession.run``, when calling it directly skips nothing.
+
+    The Python method checks that every required input is in the feed (``validate``
+    has, for every declared input), that no ``OrtValue`` in it belongs to another
+    device (we feed numpy arrays) and that WebGPU graph capture is off (checked
+    here, once), then calls ``session._sess.run(names, feed, run_options)``.
+    ``_sess`` is onnxruntime's, not public API: without it (another onnxruntime)
+    runs go through the public method.
+    """
+    sess = getattr(session, "_sess", None)
+    run = getattr(sess, "run", None)
+    if not callable(run):
+        return None
+    capture = getattr(sess, "is_webgpu_graph_capture_enabled", None)
+    try:
+        if capture is not None and capture():
+            return None
+    except Exception:
+        return None
+    return run
 
 
 def _import_onnxruntime() -> Any:
