@@ -63,6 +63,21 @@ def tandem(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedP
     )
 
 
+def tandem_in_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """The same command run by typer's test runner in this process (no interpreter start-up).
+
+    For the many input-validation cases; the cases about exit codes of a real
+    process, signals and terminals keep ``tandem``.
+    """
+    from typer.testing import CliRunner
+
+    from tandem.cli import app
+
+    env = {k: None for k in os.environ if k.startswith("TANDEM_")}
+    result = CliRunner().invoke(app, list(args), env={**env, "COLUMNS": "200"})
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
+
+
 def one_error_line(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert result.returncode == code, result.stdout + result.stderr
@@ -163,7 +178,7 @@ def test_bad_input_is_one_line_exit_2_and_sends_nothing(
     args: list[str], needle: str, tripwire: tuple[str, socket.socket], tmp_path: Path
 ) -> None:
     url, sock = tripwire
-    result = tandem(*args, "--cdn", url, "--token", TOKEN, cwd=tmp_path)
+    result = tandem_in_process(*args, "--cdn", url, "--token", TOKEN)
     one_error_line(result, 2, needle)
     assert_nothing_connected(sock)
 
@@ -226,8 +241,8 @@ def test_the_url_and_token_come_from_the_environment(
         ("fleet", "show"),
     ],
 )
-def test_help_teaches_with_an_example(command: tuple[str, ...], tmp_path: Path) -> None:
-    result = tandem(*command, "--help", cwd=tmp_path)
+def test_help_teaches_with_an_example(command: tuple[str, ...]) -> None:
+    result = tandem_in_process(*command, "--help")
     assert result.returncode == 0, result.stderr
     assert "Example: tandem" in result.stdout
     for option in ("--cdn", "--token", "TANDEM_CDN_URL", "TANDEM_CDN_ADMIN_TOKEN"):

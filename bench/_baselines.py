@@ -1,0 +1,91 @@
+"""The baselines the hub is measured against, each run as its own process.
+
+``python -m bench._baselines echo BROKER_URL REQUEST_TOPIC REPLY_TOPIC READY_FILE``
+    A bare paho-mqtt client that republishes every request payload, as is,
+    to the reply topic, QoS 1 both ways: the MQTT round trip with nothing
+    on top, the limit of a broker-based offload on this stack.
+
+``python -m bench._baselines plain-http MODEL.onnx PORT``
+    JSON-over-HTTP offload as simple joint-inference systems write it first:
+    FastAPI on uvicorn (one worker), ``POST /infer`` takes ``{"data": nested
+    lists}``, runs ONNX Runtime (default session options) on that one
+    request and answers ``{"outputs": nested lists}``. The endpoint is a
+    plain ``def`` (FastAPI runs it in its thread pool), and ``data`` is
+    typed ``list[Any]``, so pydantic does not validate every number: the
+    cheaper of the two obvious ways to write it.
+"""
+
+# No ``from __future__ import annotations``: FastAPI reads the route's annotations at
+# runtime, and a request model defined inside a function cannot be found from a string.
+
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+
+def echo(broker_url: str, request_topic: str, reply_topic: str, ready: Path) -> None:
+    from shared import MqttSettings, create_client
+
+    settings = MqttSettings.from_url(broker_url)
+    client = create_client(settings, f"bench-echo-{ready.stem}", protocol="5")
+    client.max_inflight_messages_set(0)
+
+    def on_connect(c: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
+        if not reason.is_failure:
+            c.subscribe(request_topic, qos=1)
+
+    def on_subscribe(_c: Any, _u: Any, _m: Any, _codes: Any, _p: Any) -> None:
+        ready.touch()
+
+    def on_message(c: Any, _u: Any, message: Any) -> None:
+        c.publish(reply_topic, message.payload, qos=1)
+
+    client.on_connect = on_connect
+    client.on_subscribe = on_subscribe
+    client.on_message = on_message
+    client.connect(settings.host, settings.port)
+    client.loop_forever()
+
+
+def plain_http(model: Path, port: int) -> None:
+    import numpy as np
+    import onnxruntime as ort
+    import uvicorn
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    input_name = session.get_inputs()[0].name
+
+    class InferRequest(BaseModel):
+        data: list[Any]
+
+    app = FastAPI()
+
+    @app.get("/health")
+    def health() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.post("/infer")
+    def infer(request: InferRequest) -> dict[str, Any]:
+        x = np.asarray(request.data, dtype=np.float32)
+        (y,) = session.run(None, {input_name: x})
+        return {"outputs": y.tolist()}
+
+    uvicorn.run(app, host="127.0.0.1", port=port, workers=1, log_level="warning", access_log=False)
+
+
+def main(argv: list[str]) -> None:
+    mode, *args = argv
+    if mode == "echo":
+        echo(args[0], args[1], args[2], Path(args[3]))
+    elif mode == "plain-http":
+        plain_http(Path(args[0]), int(args[1]))
+    else:
+        raise SystemExit(f"unknown mode {mode!r}: echo or plain-http")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
