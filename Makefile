@@ -12,6 +12,7 @@ PIP    := $(PY) -m pip --disable-pip-version-check -q
 help:
 	@echo "make demo   - install and run the collaborative-inference demo on real MNIST digits"
 	@echo "make test   - install dev deps, make sure an MQTT broker runs, run ruff, mypy and the suite"
+	@echo "make bench  - run the benchmarks (bench/) and regenerate BENCHMARKS.md"
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (set PYTHON=...)"; exit 1; }
@@ -40,8 +41,10 @@ test: $(VENV)/.dev-installed broker
 
 check: test
 
+# Every benchmark part (about 8 minutes); one part: make bench BENCH_ARGS=round-trip
 bench: $(VENV)/.dev-installed broker
-	$(PY) -m bench
+	@bash scripts/ensure-nginx
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
