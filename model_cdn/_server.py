@@ -24,7 +24,8 @@ Blobs are immutable and named by their digest, so they go out with
 ``ETag: "sha256:…"`` and ``Cache-Control: immutable`` and any CDN or S3 can
 front this server. Local files are sent by Starlette's ``FileResponse``
 (which handles ranges and ``HEAD``; see ``_ranges`` for the rules both paths
-share); other stores are streamed from ``store.open()`` in 64 KiB chunks.
+share) in 1 MiB reads; other stores are streamed from ``store.open()`` in
+64 KiB chunks.
 Nothing here reads a whole blob into memory except an upload, which is
 bounded by ``max_blob_bytes``.
 
@@ -101,6 +102,7 @@ logger = logging.getLogger(__name__)
 MAX_BLOB_BYTES = 1024**3
 MAX_DOCUMENT_BYTES = 1024 * 1024  # a signed manifest or assignment
 CHUNK_BYTES = 64 * 1024
+BLOB_FILE_CHUNK_BYTES = 1024 * 1024  # per read of a local blob file (``_BlobFileResponse``)
 IMMUTABLE = "public, max-age=31536000, immutable"
 _VERSION = re.compile(r"[1-9][0-9]{0,17}")
 
@@ -154,6 +156,9 @@ class _BlobFileResponse(FileResponse):
     """
 
     max_ranges = 1
+    # Starlette reads 64 KiB per worker-thread hop and event-loop pass; at 1 MiB a blob
+    # costs about a fifth of the CPU (bench (e): 256 KiB halves it, 4 MiB gains nothing more).
+    chunk_size = BLOB_FILE_CHUNK_BYTES
 
     def __init__(self, *args: Any, honour_range: bool, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -29,7 +29,11 @@ and keep unknown fields (``extra``) so that a newer publisher's fields survive
 a round trip and stay covered by the signature.
 
 Smoke-test tensors are ``{"datatype", "shape", "data"}`` with ``data`` the
-base64 of little-endian row-major bytes (never pickle).
+base64 of little-endian row-major bytes (never pickle), or, with
+``"compression": "zstd"``, the base64 of one zstd frame of those bytes. A
+device decompresses no further than the shape's size (the shape times the item size,
+1 MiB at most per tensor and :data:`MAX_SMOKE_BYTES` for all of them), so a
+small signed document cannot make it allocate more.
 """
 
 from __future__ import annotations
@@ -41,10 +45,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
+from ._blobs import DELTA_METHODS, compress_blob, decompress_blob
 from ._errors import ExpiredError, ManifestError
 from ._signing import PublicKey, canonical_json, verify_signed
 from ._tensors import DATATYPES, datatype_of
@@ -67,7 +72,9 @@ __all__ = [
 
 SPEC_VERSION = "1.0"
 MAX_DOCUMENT_BYTES = 1024 * 1024
+MAX_SMOKE_BYTES = 1024 * 1024  # decoded smoke-test tensors in all: what zstd may expand to
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_METHOD = re.compile(r"[a-z0-9][a-z0-9.+-]{0,39}")
 _FORMATS = frozenset({"onnx", "tflite"})
 
 
@@ -149,11 +156,25 @@ class BlobRef:
 
 @dataclass(frozen=True)
 class DeltaRef:
-    """A zstd patch that rebuilds this version's raw model from ``from_version``'s."""
+    """A delta that rebuilds this version's raw model from ``from_version``'s.
+
+    ``compression`` names how (``shared._blobs``): ``"zstd-patch"`` (the
+    default, and what a delta without the field is) or ``"zstd-bytediff"``.
+    Any other method name is kept, not refused, so that a manifest from a
+    newer publisher still verifies here; ``supported`` is false for it and a
+    device downloads the full blob instead.
+    """
+
+    METHODS: ClassVar[tuple[str, ...]] = DELTA_METHODS
 
     from_version: int
     digest: str
     size: int
+    compression: str = "zstd-patch"
+
+    @property
+    def supported(self) -> bool:
+        return self.compression in DELTA_METHODS
 
     @classmethod
     def from_dict(cls, d: object) -> DeltaRef:
@@ -162,12 +183,17 @@ class DeltaRef:
         digest = d.get("digest")
         if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
             raise ManifestError(f"deltas[].digest must be 'sha256:<64 hex>', got {digest!r:.80}")
-        if d.get("compression", "zstd-patch") != "zstd-patch":
-            raise ManifestError("deltas[].compression must be zstd-patch")
+        compression = d.get("compression", "zstd-patch")
+        if not isinstance(compression, str) or not _METHOD.fullmatch(compression):
+            raise ManifestError(
+                f"deltas[].compression must name a method (e.g. {' or '.join(DELTA_METHODS)}), "
+                f"got {compression!r:.40}"
+            )
         return cls(
             _int(d.get("from_version"), "deltas[].from_version", 1),
             digest,
             _int(d.get("size"), "deltas[].size", 1),
+            compression,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -175,7 +201,7 @@ class DeltaRef:
             "from_version": self.from_version,
             "digest": self.digest,
             "size": self.size,
-            "compression": "zstd-patch",
+            "compression": self.compression,
         }
 
 
@@ -209,41 +235,66 @@ class TensorRecord:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
-def encode_sample(array: np.ndarray) -> dict[str, Any]:
+def encode_sample(array: np.ndarray, *, compress: bool = False) -> dict[str, Any]:
+    """A smoke-test tensor as JSON; with ``compress``, zstd before base64 when that is smaller."""
     array = np.ascontiguousarray(array)
     datatype = datatype_of(array)
     if datatype == "BYTES":
         raise ManifestError("smoke-test tensors must be numeric")
     raw = array.astype(DATATYPES[datatype], copy=False).tobytes()
-    return {
-        "datatype": datatype,
-        "shape": list(array.shape),
-        "data": base64.b64encode(raw).decode(),
-    }
+    sample: dict[str, Any] = {"datatype": datatype, "shape": list(array.shape)}
+    packed = compress_blob(raw) if compress else raw
+    if len(packed) < len(raw):
+        sample["compression"] = "zstd"
+    else:
+        packed = raw
+    sample["data"] = base64.b64encode(packed).decode()
+    return sample
 
 
 def decode_sample(d: object, what: str = "sample") -> np.ndarray:
     if not isinstance(d, dict):
         raise ManifestError(f"{what} must be an object with datatype, shape and data")
     datatype, shape, data = d.get("datatype"), d.get("shape"), d.get("data")
+    compression = d.get("compression", "none")
     if datatype not in DATATYPES or datatype == "BYTES":
         raise ManifestError(f"{what}: unsupported datatype {datatype!r}")
     if not isinstance(shape, list) or not all(
         isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
     ):
         raise ManifestError(f"{what}: shape must be a list of non-negative ints")
+    if compression not in ("none", "zstd"):
+        raise ManifestError(f"{what}: compression must be none or zstd, got {compression!r:.40}")
     if not isinstance(data, str) or len(data) > MAX_DOCUMENT_BYTES:
         raise ManifestError(f"{what}: data must be base64 text")
     dtype = DATATYPES[str(datatype)]
-    if math.prod(shape) * dtype.itemsize > MAX_DOCUMENT_BYTES:
+    size = math.prod(shape) * dtype.itemsize
+    if size > MAX_DOCUMENT_BYTES:
         raise ManifestError(f"{what}: sample larger than a manifest may carry")
     try:
         raw = base64.b64decode(data, validate=True)
     except binascii.Error as e:
         raise ManifestError(f"{what}: data is not base64: {e}") from e
-    if len(raw) != math.prod(shape) * dtype.itemsize:
+    if compression == "zstd":
+        try:
+            raw = decompress_blob(raw, size)  # bounded: never more than the shape holds
+        except ManifestError as e:
+            raise ManifestError(f"{what}: {e}") from e
+    if len(raw) != size:
         raise ManifestError(f"{what}: {len(raw)} bytes do not fill shape {shape} of {datatype}")
     return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+
+
+def _decode_samples(samples: dict[str, Any], what: str, budget: list[int]) -> dict[str, np.ndarray]:
+    """Decode one after the other, so compressed samples cannot add up past the budget."""
+    decoded = {}
+    for name, sample in samples.items():
+        array = decode_sample(sample, f"{what}.{name}")
+        budget[0] -= array.nbytes
+        if budget[0] < 0:
+            raise ManifestError(f"smoke_test: samples above {MAX_SMOKE_BYTES} bytes in all")
+        decoded[name] = array
+    return decoded
 
 
 _MANIFEST_KEYS = frozenset(
@@ -319,9 +370,10 @@ class ModelManifest:
             raise ManifestError("smoke_test needs non-empty inputs and outputs objects")
         if not isinstance(atol, int | float) or isinstance(atol, bool) or not atol >= 0:
             raise ManifestError("smoke_test.atol must be a non-negative number")
+        budget = [MAX_SMOKE_BYTES]
         return (
-            {k: decode_sample(v, f"smoke_test.inputs.{k}") for k, v in ins.items()},
-            {k: decode_sample(v, f"smoke_test.outputs.{k}") for k, v in outs.items()},
+            _decode_samples(ins, "smoke_test.inputs", budget),
+            _decode_samples(outs, "smoke_test.outputs", budget),
             float(atol),
         )
 

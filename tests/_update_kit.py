@@ -101,6 +101,7 @@ class Publisher:
         seed: int | None = None,
         bias_shift: float | None = None,
         deltas_from: Sequence[Published] = (),
+        delta_method: str = "zstd-patch",
         published_at: datetime | None = None,
         expires_at: datetime | None = None,
         keys: Sequence[SigningKey] | None = None,
@@ -122,14 +123,14 @@ class Publisher:
         expires_at = expires_at or _now() + timedelta(days=1)
         deltas = []
         for base in deltas_from:
-            delta = make_delta(base.raw, raw)
+            delta = make_delta(base.raw, raw, method=delta_method)
             self.cdn.put_blob(digest(delta), delta)
             deltas.append(
                 {
                     "from_version": base.version,
                     "digest": digest(delta),
                     "size": len(delta),
-                    "compression": "zstd-patch",
+                    "compression": delta_method,
                 }
             )
         signed = {

@@ -254,6 +254,12 @@ def test_a_5_mb_blob_is_sent_without_reading_it_whole(cdn: Cdn) -> None:
     tail = cdn.client.get(url, headers={"Range": f"bytes={len(big) - 3_000_000}-"})
     assert tail.status_code == 206
     assert tail.content == big[-3_000_000:]
+    # a resumed download across several 1 MiB file reads, starting and ending mid-read
+    etag = f'"{digest(big)}"'
+    middle = cdn.client.get(url, headers={"Range": "bytes=1000000-3200000", "If-Range": etag})
+    assert middle.status_code == 206
+    assert middle.headers["content-range"] == f"bytes 1000000-3200000/{len(big)}"
+    assert middle.content == big[1_000_000:3_200_001]
     if isinstance(cdn.store, StreamOnlyStore):
         assert cdn.store.reads
         assert max(cdn.store.reads) <= 64 * 1024

@@ -194,6 +194,129 @@ def test_delta_rebuilds_the_new_model_exactly_and_is_small() -> None:
         apply_delta(old[:-1] + b"x", delta, len(new) - 5)
 
 
+def _fine_tuned(old: bytes, seed: int = 1) -> bytes:
+    """``old`` with about half of its bytes moved one step up or down: an INT8 fine-tune."""
+    rng = np.random.default_rng(seed)
+    step = rng.choice(np.array([-1, 0, 0, 1], dtype=np.int16), len(old))
+    return (np.frombuffer(old, np.uint8).astype(np.int16) + step).astype(np.uint8).tobytes()
+
+
+def test_bytediff_delta_is_the_bytewise_difference_mod_256() -> None:
+    old, new = bytes([0, 1, 255, 7]), bytes([255, 3, 0, 7])
+    delta = make_delta(old, new, method="zstd-bytediff")
+    assert decompress_blob(delta, 4) == bytes([255, 2, 1, 0])  # (new - old) mod 256
+    assert apply_delta(old, delta, 4, method="zstd-bytediff") == new
+
+
+@pytest.mark.parametrize("new_size", [3_000, 5_000, 7_000])  # shorter, same, longer
+def test_bytediff_delta_pads_or_cuts_the_old_model(new_size: int) -> None:
+    rng = np.random.default_rng(new_size)
+    old = rng.integers(0, 256, 5_000, dtype=np.uint8).tobytes()
+    new = _fine_tuned(old + rng.integers(0, 256, 2_000, dtype=np.uint8).tobytes())[:new_size]
+    delta = make_delta(old, new, method="zstd-bytediff")
+    assert apply_delta(old, delta, new_size, method="zstd-bytediff") == new
+    if new_size > len(old):  # past the old model the base is zero bytes: the diff is new itself
+        assert decompress_blob(delta, new_size)[len(old) :] == new[len(old) :]
+
+
+def test_bytediff_beats_the_patch_on_scattered_small_steps() -> None:
+    rng = np.random.default_rng(0)
+    old = (rng.normal(0, 20, 20_000).clip(-127, 127).astype(np.int8)).tobytes()
+    new = _fine_tuned(old)
+    patch = make_delta(old, new, method="zstd-patch")
+    diff = make_delta(old, new, method="zstd-bytediff")
+    assert apply_delta(old, patch, len(new)) == new
+    assert apply_delta(old, diff, len(new), method="zstd-bytediff") == new
+    assert len(diff) < 0.7 * len(patch)
+
+
+def test_bytediff_delta_is_bounded_by_the_declared_size() -> None:
+    old = bytes(range(256)) * 40
+    new = _fine_tuned(old)
+    delta = make_delta(old, new, method="zstd-bytediff")
+    with pytest.raises(ManifestError, match="more than"):
+        apply_delta(old, delta, len(new) - 1, method="zstd-bytediff")  # cut off, not allocated
+    with pytest.raises(ManifestError, match="expands to"):
+        apply_delta(old, delta, len(new) + 1, method="zstd-bytediff")
+    with pytest.raises(ManifestError, match="not valid zstd"):
+        apply_delta(old, b"garbage", len(new), method="zstd-bytediff")
+    bomb = compress_blob(bytes(50 * 2**20))  # 50 MiB of zeros in a few KiB
+    with pytest.raises(ManifestError, match="more than"):
+        apply_delta(old, bomb, len(new), method="zstd-bytediff")
+    with pytest.raises(ManifestError, match="unknown delta method"):
+        apply_delta(old, delta, len(new), method="bsdiff")
+    with pytest.raises(ManifestError, match="unknown delta method"):
+        make_delta(old, new, method="bsdiff")
+
+
+def test_delta_refs_carry_their_method_and_keep_unknown_ones(key: SigningKey) -> None:
+    deltas = (
+        DeltaRef(2, digest(b"patch"), 5),
+        DeltaRef(1, digest(b"diff"), 4, "zstd-bytediff"),
+        DeltaRef(1, digest(b"future"), 3, "zstd-xdelta9"),
+    )
+    doc = sign_document(manifest(deltas=deltas).to_dict(), key)
+    wire = json.loads(json.dumps(doc))
+    assert [d["compression"] for d in wire["signed"]["deltas"]] == [
+        "zstd-patch",
+        "zstd-bytediff",
+        "zstd-xdelta9",
+    ]
+    got = verify_manifest(wire, [key.public_key], now=NOW)
+    assert got.deltas == deltas
+    assert [d.supported for d in got.deltas] == [True, True, False]
+    assert DeltaRef.METHODS == ("zstd-patch", "zstd-bytediff")
+    old_form = {"from_version": 2, "digest": digest(b"patch"), "size": 5}  # no compression field
+    assert DeltaRef.from_dict(old_form) == deltas[0]
+    for bad in ("", "Zstd Patch", "../x", 7, None):
+        with pytest.raises(ManifestError, match="compression"):
+            DeltaRef.from_dict(old_form | {"compression": bad})
+
+
+def test_smoke_samples_may_be_zstd_compressed_and_old_ones_still_read(key: SigningKey) -> None:
+    image = np.zeros((3, 1, 28, 28), np.float32)
+    image[:, :, 10:18, 10:18] = 0.5
+    plain, packed = encode_sample(image), encode_sample(image, compress=True)
+    assert "compression" not in plain and packed["compression"] == "zstd"
+    assert len(packed["data"]) < len(plain["data"]) / 10
+    tiny = encode_sample(np.arange(3, dtype=np.float32), compress=True)
+    assert "compression" not in tiny  # zstd would not make it smaller
+    for inputs in (plain, packed):
+        doc = sign_document(
+            manifest(
+                smoke_test={"inputs": {"image": inputs}, "outputs": {"y": tiny}, "atol": 0.1}
+            ).to_dict(),
+            key,
+        )
+        got, expected, _ = verify_manifest(doc, [key.public_key], now=NOW).smoke_samples()
+        np.testing.assert_array_equal(got["image"], image)
+        np.testing.assert_array_equal(expected["y"], np.arange(3, dtype=np.float32))
+
+
+def test_compressed_samples_cannot_expand_past_their_shape() -> None:
+    tiny = encode_sample(np.arange(3, dtype=np.float32))
+    zeros = np.zeros((64, 64), np.float32)
+    packed = encode_sample(zeros, compress=True)
+
+    def smoke(**inputs: object) -> dict[str, object]:
+        return {"inputs": inputs, "outputs": {"y": tiny}}
+
+    with pytest.raises(ManifestError, match="more than"):  # says 32x32, holds 64x64
+        manifest(smoke_test=smoke(x=packed | {"shape": [32, 32]}))
+    with pytest.raises(ManifestError, match="expands to"):
+        manifest(smoke_test=smoke(x=packed | {"shape": [64, 65]}))
+    with pytest.raises(ManifestError, match="not valid zstd"):
+        manifest(smoke_test=smoke(x=packed | {"data": encode_sample(zeros)["data"]}))
+    with pytest.raises(ManifestError, match="compression"):
+        manifest(smoke_test=smoke(x=packed | {"compression": "lzma"}))
+    with pytest.raises(ManifestError, match="larger than"):  # 4 MiB declared: refused up front
+        manifest(smoke_test=smoke(x=packed | {"shape": [1024, 1024]}))
+    # each under the per-tensor cap, together over what a manifest's samples may hold
+    big = encode_sample(np.zeros((256, 1000), np.float32), compress=True)
+    with pytest.raises(ManifestError, match="in all"):
+        manifest(smoke_test=smoke(a=big, b=big))
+
+
 def test_status_report_round_trip_and_garbage() -> None:
     status = UpdateStatus(
         device="cam-7",

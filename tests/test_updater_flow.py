@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from edge_agent import ModelUpdater
-from shared import MqttSettings, SigningKey, UpdateState, digest
+from shared import MqttSettings, SigningKey, UpdateState, compress_blob, digest, sign_document
 
 from ._brokers import MosquittoProcess, free_port
 from ._test_cdn import BlobFault, LoopbackCdn
-from ._update_kit import MODEL, SAMPLE, Rig, StatusProbe, Traffic, wait_until
+from ._update_kit import MODEL, SAMPLE, Published, Rig, StatusProbe, Traffic, wait_until
 
 
 @pytest.fixture
@@ -120,10 +120,13 @@ def test_resumes_a_partial_download_left_by_a_previous_run(rig: Rig) -> None:
     assert not partial.exists()
 
 
-def test_delta_from_the_installed_version_is_used_when_smaller(rig: Rig) -> None:
-    v2 = rig.publisher.publish(2, seed=1, bias_shift=0.75, deltas_from=[rig.v1])
+@pytest.mark.parametrize("method", ["zstd-patch", "zstd-bytediff"])
+def test_delta_from_the_installed_version_is_used_when_smaller(rig: Rig, method: str) -> None:
+    v2 = rig.publisher.publish(
+        2, seed=1, bias_shift=0.75, deltas_from=[rig.v1], delta_method=method
+    )
     (delta,) = v2.document["signed"]["deltas"]
-    assert delta["size"] < len(v2.blob)
+    assert delta["size"] < len(v2.blob) and delta["compression"] == method
     rig.cdn.put_assignment(rig.device, MODEL, rig.publisher.assignment(rig.device, 2))
     updater = rig.updater(rig.agent())
 
@@ -134,6 +137,41 @@ def test_delta_from_the_installed_version_is_used_when_smaller(rig: Rig) -> None
     assert rig.cdn.blob_requests(v2.blob_digest) == []
     assert updater.stats.delta_installs == 1
     assert updater.stats.blob_bytes_read == delta["size"]
+    version, logits = serving(updater)
+    assert version == "2"
+    np.testing.assert_allclose(logits, v2.expected(), atol=1e-4)
+
+
+def _with_delta(rig: Rig, version: int, delta: bytes, method: str) -> Published:
+    """Version ``version`` signed with one delta from v1 of the given bytes and method."""
+    published = rig.publisher.build(version, seed=1, bias_shift=0.75)
+    signed = dict(published.document["signed"])
+    ref = {"from_version": 1, "digest": digest(delta), "size": len(delta), "compression": method}
+    signed["deltas"] = [ref]
+    published.document = sign_document(signed, rig.publisher.key)
+    rig.cdn.put_blob(digest(delta), delta)
+    rig.publisher.upload(published)
+    rig.cdn.put_assignment(rig.device, MODEL, rig.publisher.assignment(rig.device, version))
+    return published
+
+
+@pytest.mark.parametrize("case", ["unknown method", "bytediff bomb", "bytediff short"])
+def test_a_delta_the_device_cannot_use_falls_back_to_the_full_blob(rig: Rig, case: str) -> None:
+    if case == "unknown method":  # a newer publisher's method: skipped, not even downloaded
+        delta, method = compress_blob(b"whatever"), "zstd-xdelta9"
+    elif case == "bytediff bomb":  # 8 MiB of zeros in 273 B: cut at raw_size + 1
+        delta, method = compress_blob(bytes(8 * 2**20)), "zstd-bytediff"
+    else:  # expands to fewer bytes than the model has
+        delta, method = compress_blob(b"\0" * 10), "zstd-bytediff"
+    v2 = _with_delta(rig, 2, delta, method)
+    updater = rig.updater(rig.agent())
+
+    status = updater.check_now()
+
+    assert status is not None and status.state is UpdateState.INSTALLED, status
+    assert len(rig.cdn.blob_requests(digest(delta))) == (0 if case == "unknown method" else 1)
+    assert len(rig.cdn.blob_requests(v2.blob_digest)) == 1
+    assert updater.stats.delta_installs == 0
     version, logits = serving(updater)
     assert version == "2"
     np.testing.assert_allclose(logits, v2.expected(), atol=1e-4)

@@ -2,7 +2,8 @@
 
 Three sources, cheapest first: the copy the store still holds of the same
 blob (a rollback to the kept version), the delta from the running version
-when the manifest offers one smaller than the blob, else the full blob.
+when the manifest offers one smaller than the blob in a method this device
+knows (``zstd-patch`` or ``zstd-bytediff``), else the full blob.
 ``fetch`` downloads (the updater's "downloading" step); ``expand`` checks and
 decompresses (its "verifying" step).
 
@@ -24,7 +25,15 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared import ManifestError, ModelManifest, PublicKey, apply_delta, decompress_blob, digest
+from shared import (
+    DeltaRef,
+    ManifestError,
+    ModelManifest,
+    PublicKey,
+    apply_delta,
+    decompress_blob,
+    digest,
+)
 
 from .._errors import IntegrityError, StoreError, UpdateError
 from ._download import CdnClient, DownloadResult, discard_partial
@@ -41,6 +50,7 @@ class FetchedModel:
     stored: bytes | None = None  # the raw model, already verified (the store's copy)
     download: DownloadResult | None = None  # the blob or delta, not yet verified
     base: bytes | None = None  # the running version's raw model, when ``download`` is a delta
+    delta: DeltaRef | None = None  # which delta ``download`` is (its method), with ``base``
 
 
 class ModelFetcher:
@@ -78,14 +88,15 @@ class ModelFetcher:
             (
                 d
                 for d in manifest.deltas
-                if d.from_version == running and d.size < manifest.blob.size
+                if d.from_version == running and d.supported and d.size < manifest.blob.size
             ),
             None,
         )
         if delta is not None and running is not None:
             try:
                 base = self.store.installed(self.model, running, self.keys).raw
-                return FetchedModel(download=self._download(delta.digest, delta.size), base=base)
+                download = self._download(delta.digest, delta.size)
+                return FetchedModel(download=download, base=base, delta=delta)
             except UpdateError as e:
                 log.info("updater: delta from %s unusable (%s); fetching the blob", running, e)
         return FetchedModel(download=self._download(manifest.blob.digest, manifest.blob.size))
@@ -96,7 +107,7 @@ class ModelFetcher:
             return fetched.stored
         assert fetched.download is not None
         try:
-            raw = self._expand(manifest, fetched.download, fetched.base)
+            raw = self._expand(manifest, fetched.download, fetched.base, fetched.delta)
         except IntegrityError as e:
             if fetched.base is None:
                 raise
@@ -104,19 +115,24 @@ class ModelFetcher:
                 "updater: delta to %s unusable (%s); fetching the blob", manifest.version, e
             )
             blob = self._download(manifest.blob.digest, manifest.blob.size)
-            return self._expand(manifest, blob, None)
+            return self._expand(manifest, blob, None, None)
         if fetched.base is not None:
             self.stats.delta_installs += 1
         return raw
 
     def _expand(
-        self, manifest: ModelManifest, download: DownloadResult, base: bytes | None
+        self,
+        manifest: ModelManifest,
+        download: DownloadResult,
+        base: bytes | None,
+        delta: DeltaRef | None,
     ) -> bytes:
         raw_size = manifest.blob.raw_size
         try:
             data = self._verified(download)
             if base is not None:
-                raw = apply_delta(base, data, raw_size)
+                method = delta.compression if delta is not None else "zstd-patch"
+                raw = apply_delta(base, data, raw_size, method=method)
             elif manifest.blob.compression == "none":
                 if len(data) != raw_size:
                     raise IntegrityError(f"blob is {len(data)} bytes; raw_size is {raw_size}")

@@ -16,7 +16,8 @@ Invariants:
   names a missing blob; a failure in between leaves only unreferenced,
   content-addressed blobs, which are harmless.
 - A delta is published only if it is smaller than the full blob and applying
-  it here rebuilds the new model byte for byte.
+  it here rebuilds the new model byte for byte; of the two delta methods
+  (``DeltaRef.METHODS``) the smaller one is kept.
 - The version is checked against the registry before any work, and the
   registry checks it again atomically when the manifest is added (a
   concurrent publisher loses with ``VersionConflictError``).
@@ -353,7 +354,12 @@ def _check_labels(labels: list[str], outputs: tuple[Any, ...]) -> None:
 def _delta(
     store: BlobStore, latest: VersionRecord | None, format: str, new_raw: bytes, full_size: int
 ) -> tuple[DeltaRef, bytes] | None:
-    """A patch from the latest version's model (not stored yet), when at hand and it pays."""
+    """A delta from the latest version's model (not stored yet), when at hand and it pays.
+
+    Both delta methods are made (a zstd patch with the old model as dictionary,
+    and zstd of the byte-wise difference); the smaller one that rebuilds the
+    new model byte for byte wins, if it is smaller than the full blob.
+    """
     if latest is None:
         return None
     previous = latest.manifest.get("signed", {})
@@ -367,7 +373,12 @@ def _delta(
         old_raw = decompress_blob(data, ref.raw_size) if ref.compression == "zstd" else data
     except (ManifestError, BlobNotFoundError):
         return None
-    patch = make_delta(old_raw, new_raw)
-    if len(patch) >= full_size or apply_delta(old_raw, patch, len(new_raw)) != new_raw:
-        return None
-    return DeltaRef(latest.version, digest(patch), len(patch)), patch
+    best: tuple[DeltaRef, bytes] | None = None
+    for method in DeltaRef.METHODS:  # the smallest that rebuilds the model, if any
+        patch = make_delta(old_raw, new_raw, method=method)
+        if len(patch) >= (len(best[1]) if best else full_size):
+            continue
+        if apply_delta(old_raw, patch, len(new_raw), method=method) != new_raw:
+            continue
+        best = DeltaRef(latest.version, digest(patch), len(patch), method), patch
+    return best
