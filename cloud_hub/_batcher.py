@@ -21,6 +21,12 @@ loop would add a loop to own and a thread hop per request for no gain.
 Future callbacks run on the worker thread (or on the submitting thread if
 the future is already done); keep them short, e.g. hand off to a queue.
 
+A request that finds the worker idle and the queue otherwise empty is
+computed at once: the ``max_queue_delay_ms`` window only runs while
+requests keep company (two or more queued, e.g. those that arrived during
+the previous batch's compute), so the default window costs a lone request
+nothing.
+
 Deadlines are ``time.monotonic()`` seconds. A request already past its
 deadline at ``submit`` is refused there; one that expires while queued gets
 ``DeadlineExceededError`` when the worker next looks, without compute.
@@ -225,7 +231,7 @@ class DynamicBatcher:
             if self._stopping:
                 return None
             now = time.monotonic()
-            take = queue.take(now)
+            take = queue.take(now, idle=True)  # the executor waits for this thread
             if take.batch or take.expired:
                 return take
             timeout = None if take.wake_at is None else max(0.0, take.wake_at - now)

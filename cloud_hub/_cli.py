@@ -138,6 +138,15 @@ def hub(
         str,
         typer.Option(help="Log lines as 'text' or 'json' (one object a line, with request ids)."),
     ] = "text",
+    workers: Annotated[
+        int,
+        typer.Option(
+            help="Hub processes to run, all in the --share-group: one hub answers MQTT on "
+            "one core at most (Python's GIL), so on a machine with cores to spare N "
+            "processes answer more. Each loads the models (N times the memory; on a GPU, "
+            "N contexts); only the first serves HTTP, and /metrics counts its requests only.",
+        ),
+    ] = 1,
 ) -> None:
     """Serve a model repository to edge devices over MQTT, batching on the GPU when present.
 
@@ -145,7 +154,8 @@ def hub(
     model and answers on each request's reply topic. The same models answer over
     HTTP on --http-port (POST /v2/models/<model>/infer, any KServe v2 / Triton
     client), batched together with the MQTT requests; GET /metrics is for
-    Prometheus. Run several hubs with the same --share-group to scale out. Stop
+    Prometheus. Run several hubs with the same --share-group to scale out (across
+    machines, or on one with --workers N). Stop
     with Ctrl-C or SIGTERM: queued requests are answered "overloaded" so devices
     fall back at once.
 
@@ -162,12 +172,20 @@ def hub(
         )
     if log_format.lower() not in ("text", "json"):
         raise typer.BadParameter("use text or json", param_hint="--log-format")
+    if workers < 1:
+        raise typer.BadParameter("use 1 or more", param_hint="--workers")
+    if workers > 1 and no_share:
+        raise typer.BadParameter(
+            "several workers need a shared subscription to split the requests; drop --no-share",
+            param_hint="--workers",
+        )
     from shared._logging import configure_logging
 
     configure_logging(log_level, json=log_format.lower() == "json", stream=sys.stderr)
     from shared import ApiKeyGuard, Limits, MqttSettings, TandemError, TlsSettings, Topics
 
     from ._server import Hub
+    from ._workers import HubWorkers, WorkerSpec
 
     try:  # a command-line mistake: one line and exit code 2, before anything starts
         if tls_client_ca is not None and tls_cert is None:
@@ -198,11 +216,29 @@ def hub(
         # SIGTERM while starting (loading models, importing the HTTP stack) is a clean stop.
         with _stop_on_signals(server), server:  # the hub first: HTTP's first request finds it
             http = _start_http(server, http_host, http_port, guard, http_tls)
+            pool = None
+            if workers > 1:  # the others, once this one serves: the models load
+                pool = HubWorkers(
+                    workers - 1,
+                    WorkerSpec(
+                        repo=str(repo),
+                        broker=broker,
+                        share_group=share_group,
+                        prefix=prefix,
+                        mqtt_ca=None if mqtt_ca is None else str(mqtt_ca),
+                        mqtt_cert=None if mqtt_cert is None else str(mqtt_cert),
+                        mqtt_key=None if mqtt_key is None else str(mqtt_key),
+                        log_level=log_level.lower(),
+                        log_format=log_format.lower(),
+                    ),
+                ).start()
             try:
                 server.run_forever()  # the hub stops first: late HTTP requests get 503
             finally:
                 if http is not None:
                     http.stop()
+                if pool is not None:
+                    pool.stop()
     except TandemError as e:
         typer.echo(f"tandem hub: {e}", err=True)
         raise typer.Exit(1) from e

@@ -6,10 +6,16 @@ Threads and what each may do:
   by ``Limits``; never unpickles or evaluates anything), computes the
   request's deadline from ``timeout_ms`` at receipt (a relative budget, so
   clocks need not agree), hands the tensors to ``submit`` (which only
-  checks and queues) and returns. Nothing there blocks on compute.
-- the reply thread takes finished requests off a queue, encodes replies and
-  publishes them with QoS 1 to the request's ``reply_to``; done-callbacks
-  of batcher futures only enqueue, so batchers never wait on the network.
+  checks and queues) and returns. Nothing there blocks on compute. A request
+  refused at once (bad frame, unknown model, full queue) is answered there.
+- the batcher's thread answers a computed request in its future's
+  done-callback: it encodes the reply and publishes it with QoS 1 to the
+  request's ``reply_to``. paho's ``publish`` only queues the packet for the
+  network thread (it is thread-safe and never waits for the broker), so this
+  costs the batcher an encode per request and no thread hand-off: one fewer
+  wake-up per request than a reply thread of its own, which on a busy
+  machine (every hop waits for the GIL and a core) was most of a reply's
+  time in the hub.
 
 Every failure a request can meet (garbage bytes, a bad header, an unknown
 model, wrong dtype or shape, an oversized tensor, a full queue, an expired
@@ -23,13 +29,16 @@ subscription (``$share/hubs/...``) spreads requests over hub replicas, each
 delivered to one; ``share_group=None`` subscribes plainly, for brokers
 without shared subscriptions. paho reconnects with backoff
 (``connect_async`` + ``loop_start``); ``_on_connect`` subscribes again on every
-connection because sessions are not kept. On MQTT 5 connections replies also
-carry correlation data and a message expiry equal to the time left.
+connection because sessions are not kept. On MQTT 5 connections a reply also
+carries a message expiry equal to the time left, and the request's correlation
+data when it had some (MQTT 5 request/response); the envelope carries the id
+either way. These properties are packed by hand (``shared.publish_properties``):
+paho's ``Properties`` class costs more per message than the rest of a publish.
 
 ``on_reply`` (optional) hears of every reply just before it is published,
-on the reply thread, so metrics count a request by what its device is told
-(the hub passes ``HubMetrics.record``); an exception there is logged, never
-raised, and the reply still goes out.
+on the thread that publishes it, so metrics count a request by what its
+device is told (the hub passes ``HubMetrics.record``); an exception there is
+logged, never raised, and the reply still goes out.
 """
 
 from __future__ import annotations
@@ -38,7 +47,6 @@ import concurrent.futures
 import contextlib
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -58,12 +66,19 @@ from shared import (
     create_client,
     decode_message,
     encode_message,
+    publish_properties,
     resolve_protocol,
 )
 
 from ._batcher import InferenceResult
 from ._errors import BadRequestError, BrokerError, HubError, HubStoppingError, error_code
-from ._wire import ReplyTarget, error_reply, reply_topic_allowed, salvage_target, timing_ms
+from ._wire import (
+    ReplyTarget,
+    error_reply,
+    reply_topic_allowed,
+    salvage_target,
+    timing_ms,
+)
 
 if TYPE_CHECKING:
     import paho.mqtt.client as paho
@@ -93,7 +108,6 @@ class ReplyObserver(Protocol):
     ) -> None: ...
 
 
-_STOP = object()
 Outcome = concurrent.futures.Future[InferenceResult] | BaseException
 
 
@@ -126,13 +140,14 @@ class MqttWorker:
         self.max_inflight_replies = max_inflight_replies
         self.subscribed = threading.Event()
         self._client: paho.Client | None = None
-        self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._replier: threading.Thread | None = None
         self._unacked: deque[Any] = deque(maxlen=4096)  # MQTTMessageInfo of recent replies
         self._paused = False
         self._closing = False
-        self._lock = threading.Lock()
-        self._counts: Counter[str] = Counter()
+        # One Counter per counting thread (paho's, each batcher's), summed by ``stats``: a
+        # shared lock here was taken twice per request by two threads, and a thread that
+        # lost the GIL while holding it made the other wait for a switch interval.
+        self._local = threading.local()
+        self._counters: list[Counter[str]] = []
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -155,8 +170,6 @@ class MqttWorker:
         client.on_subscribe = self._on_subscribe
         client.on_message = self._on_message
         self._client = client
-        self._replier = threading.Thread(target=self._reply_loop, name="hub-replies", daemon=True)
-        self._replier.start()
         try:
             client.connect_async(self.settings.host, self.settings.port, self.settings.keepalive_s)
         except (OSError, ValueError) as e:
@@ -186,15 +199,16 @@ class MqttWorker:
             self._client.unsubscribe(self.subscription)
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Answer what is queued for replies, wait for their acks, disconnect."""
+        """Wait for the acks of the replies sent, then disconnect.
+
+        Replies are published as requests finish, so stop the batchers first
+        (``Hub.stop`` does): they answer what they hold before this waits.
+        """
         if self._closing:
             return
         self.pause()
         self._closing = True
         deadline = time.monotonic() + timeout_s
-        if self._replier is not None:
-            self._outbox.put(_STOP)
-            self._replier.join(timeout_s)
         client = self._client
         if client is None:
             return
@@ -211,12 +225,17 @@ class MqttWorker:
 
     def stats(self) -> dict[str, int]:
         """Counters: received, replied_ok, replied_<error code>, dropped, publish_failed."""
-        with self._lock:
-            return dict(self._counts)
+        total: Counter[str] = Counter()
+        for counts in list(self._counters):
+            total.update(dict(counts))  # dict(): one C call, a consistent copy
+        return dict(total)
 
     def _count(self, what: str) -> None:
-        with self._lock:
-            self._counts[what] += 1
+        counts: Counter[str] | None = getattr(self._local, "counts", None)
+        if counts is None:
+            counts = self._local.counts = Counter()
+            self._counters.append(counts)
+        counts[what] += 1  # only this thread writes it
 
     # -- paho callbacks (network thread: decode, hand off, return) -----------------------
 
@@ -307,34 +326,30 @@ class MqttWorker:
         except Exception as e:  # HubError: typed; anything else: INTERNAL, the hub goes on
             self._reject(target, e, topic)
             return
-        future.add_done_callback(lambda f: self._outbox.put((target, f)))
+        future.add_done_callback(lambda f: self._answer(target, f))
 
     def _reject(self, target: ReplyTarget | None, error: BaseException, topic: str) -> None:
         if target is None:
             self._drop(f"undecodable frame on {topic} with no reply topic: {error}")
         else:
-            self._outbox.put((target, error))
+            self._answer(target, error)
 
     def _drop(self, why: str) -> None:
         self._count("dropped")
         log.warning("dropped %s", why)
 
-    # -- the reply thread -----------------------------------------------------------------
+    # -- replies (the batcher's thread, or paho's for requests refused at once) ------------
 
-    def _reply_loop(self) -> None:
-        while True:
-            item = self._outbox.get()
-            if item is _STOP:
-                return
-            target, outcome = item
-            try:
-                encoded = self._reply_for(target, outcome)
-                self._observe(target, encoded[0], outcome)
-                self._publish(target, encoded)
-            except Exception:
-                log.exception(
-                    "could not reply to request %s", target.request_id, extra=_context(target)
-                )
+    def _answer(self, target: ReplyTarget, outcome: Outcome) -> None:
+        """Encode and publish the reply to one request; never raises (it runs in callbacks)."""
+        try:
+            encoded = self._reply_for(target, outcome)
+            self._observe(target, encoded[0], outcome)
+            self._publish(target, encoded)
+        except Exception:
+            log.exception(
+                "could not reply to request %s", target.request_id, extra=_context(target)
+            )
 
     def _observe(self, target: ReplyTarget, reply: Message, outcome: Outcome) -> None:
         if self._on_reply is None:
@@ -404,14 +419,10 @@ class MqttWorker:
             return
         properties = None
         if self.protocol == "5":
-            from paho.mqtt.packettypes import PacketTypes
-            from paho.mqtt.properties import Properties
-
-            properties = Properties(PacketTypes.PUBLISH)
-            properties.CorrelationData = target.correlation_data or target.request_id.encode()
-            expiry = target.expiry_interval_s(time.monotonic())
-            if expiry is not None:
-                properties.MessageExpiryInterval = expiry
+            properties = publish_properties(
+                correlation_data=target.correlation_data,
+                expiry_interval_s=target.expiry_interval_s(time.monotonic()),
+            )
         info = client.publish(target.reply_to, payload, qos=1, properties=properties)
         if info.rc:
             self._count("publish_failed")

@@ -14,9 +14,12 @@ Invariants of ``RequestQueue.take(now)``:
   never in a batch (the device has given up on it: computing is waste);
 - a batch leaves when it is full (``max_batch_size`` rows, or the next
   request of its key does not fit), when ``max_queue_delay`` has passed since
-  its oldest request arrived, or when the caller flushes; otherwise ``take``
-  says when to look again: the end of that window or the next deadline,
-  whichever is first;
+  its oldest request arrived, when the caller flushes, or when the caller's
+  executor is idle (``idle``) and the request is alone in the queue;
+  otherwise ``take`` says when to look again: the end of that window or the
+  next deadline, whichever is first. The window is there to let company
+  arrive while a batch computes or while requests keep coming; a lone
+  request for an idle executor would only wait it out;
 - with ``max_batch_size == 0`` (a model without a batch dimension) every
   request is its own batch, at once;
 - ``push`` refuses beyond ``max_queue_size`` requests (``OverloadedError``):
@@ -104,7 +107,7 @@ class RequestQueue:
         self._items.clear()
         return items
 
-    def take(self, now: float, *, flush: bool = False) -> Take:
+    def take(self, now: float, *, flush: bool = False, idle: bool = False) -> Take:
         result = Take()
         if any(r.deadline is not None and r.deadline <= now for r in self._items):
             kept: deque[PendingRequest] = deque()
@@ -114,7 +117,7 @@ class RequestQueue:
         if not self._items:
             return result
         head = self._items[0]
-        if self.max_batch_size == 0:
+        if self.max_batch_size == 0 or (idle and len(self._items) == 1):
             result.batch.append(self._items.popleft())
             return result
         rows = 0
@@ -154,9 +157,9 @@ def check_inputs(
     """
     batched = max_batch_size > 0
     expected = {s.name: s for s in specs}
-    missing = sorted(set(expected) - set(inputs))
-    unknown = sorted(set(inputs) - set(expected))
-    if missing or unknown:
+    if inputs.keys() != expected.keys():
+        missing = sorted(set(expected) - set(inputs))
+        unknown = sorted(set(inputs) - set(expected))
         problems = ([f"missing {missing}"] if missing else []) + (
             [f"unknown {unknown}"] if unknown else []
         )

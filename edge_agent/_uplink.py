@@ -4,9 +4,13 @@ One paho-mqtt 2.x client per agent, run by paho's network thread
 (``loop_start``), reconnecting by itself with backoff. ``send`` publishes at
 QoS 1 on the model's request topic and returns a ``concurrent.futures.Future``
 resolved by the reply that carries the same request id, on this device's
-reply topic. Correlation lives in the envelope header, so MQTT 3.1.1 brokers
-work; on MQTT 5 the response topic, correlation data and message expiry are
-set as well.
+reply topic. Correlation lives in the envelope header (its id and
+``reply_to``), so MQTT 3.1.1 brokers work; on MQTT 5 a request also carries a
+message expiry (its deadline, in whole seconds), so a broker holding it for a
+hub that is not there drops it once its answer is useless. That one property
+is packed by hand: paho's ``Properties`` class costs tens of microseconds per
+message on both ends, and the response topic and correlation data it would
+carry are in the envelope already.
 
 Failure is fast: ``send`` raises ``UplinkError`` at once when not connected,
 and losing the connection fails every pending future, so the agent falls
@@ -22,7 +26,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,10 +41,14 @@ from shared import (
     create_client,
     decode_message,
     encode_message,
+    publish_properties,
     resolve_protocol,
 )
 
 from ._errors import UplinkError
+
+if TYPE_CHECKING:
+    from paho.mqtt.properties import Properties
 
 __all__ = ["MqttUplink", "UplinkStats"]
 
@@ -159,7 +167,7 @@ class MqttUplink:
                 self.topics.infer(model),
                 payload,
                 qos=1,
-                properties=self._properties(request_id, timeout_ms),
+                properties=self._properties(timeout_ms),
             )
         except (OSError, ValueError, RuntimeError) as e:
             self.forget(request_id)
@@ -187,17 +195,10 @@ class MqttUplink:
         with self._lock:
             self._pending.pop(request_id, None)
 
-    def _properties(self, request_id: str, timeout_ms: float) -> Any:
+    def _properties(self, timeout_ms: float) -> Properties | None:
         if self.protocol != "5":
             return None
-        from paho.mqtt.packettypes import PacketTypes
-        from paho.mqtt.properties import Properties
-
-        props = Properties(PacketTypes.PUBLISH)
-        props.ResponseTopic = self.reply_topic
-        props.CorrelationData = request_id.encode()
-        props.MessageExpiryInterval = max(1, math.ceil(timeout_ms / 1000.0))
-        return props
+        return publish_properties(expiry_interval_s=max(1, math.ceil(timeout_ms / 1000.0)))
 
     # -- paho callbacks (network thread: keep them short) -------------------------------------
 

@@ -59,7 +59,7 @@ from ._manifest import (
     verify_assignment,
     verify_manifest,
 )
-from ._mqtt import MqttSettings, TlsSettings, create_client, resolve_protocol
+from ._mqtt import MqttSettings, TlsSettings, create_client, publish_properties, resolve_protocol
 from ._signing import PublicKey, SigningKey, canonical_json, sign_document, verify_signed
 from ._status import UpdateState, UpdateStatus
 from ._tensors import (
@@ -141,6 +141,7 @@ __all__ = [
     "numpy_dtype",
     "parse_api_key",
     "parse_time",
+    "publish_properties",
     "resolve_protocol",
     "shape_compatible",
     "sign_document",

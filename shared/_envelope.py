@@ -106,7 +106,9 @@ class Message:
         _check_str(self.model, "model", 128, required=True)
         _check_str(self.model_version, "version", 64)
         _check_str(self.reply_to, "reply_to", _MAX_TOPIC)
-        if self.reply_to is not None and any(c in self.reply_to for c in "+#\0"):
+        if self.reply_to is not None and (
+            "+" in self.reply_to or "#" in self.reply_to or "\0" in self.reply_to
+        ):
             raise FrameError("reply_to may not contain MQTT wildcards")
         _check_str(self.device_id, "device", 128)
         for name in ("timeout_ms", "sent_at_ms"):
@@ -171,7 +173,7 @@ def encode_message(message: Message, options: TransferOptions | None = None) -> 
     if not message.ok:
         header["error"] = {"code": message.error.value, "message": message.error_message}
     try:
-        raw = json.dumps(header, separators=(",", ":"), allow_nan=False).encode()
+        raw = _ENCODER.encode(header).encode()
     except (TypeError, ValueError, RecursionError) as e:  # ``extra`` that JSON cannot carry
         raise FrameError(f"header cannot be written as JSON: {e}") from e
     return b"".join([_PREFIX.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, 0, len(raw)), raw, *chunks])
@@ -238,13 +240,17 @@ def _split(view: memoryview, limits: Limits) -> tuple[dict[str, Any], memoryview
     try:
         # Decoded here, strictly: json.loads(bytes) would also take UTF-16/32 and lone
         # surrogates. ValueError covers integers longer than Python's digit limit.
-        text = bytes(view[_PREFIX.size : end]).decode("utf-8")
-        header = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        text = str(view[_PREFIX.size : end], "utf-8")
+        header = _DECODER.decode(text)
     except (ValueError, RecursionError) as e:
         raise FrameError(f"header is not valid UTF-8 JSON: {e}") from e
     if not isinstance(header, dict):
         raise FrameError("header must be a JSON object")
-    _check_depth(header)
+    # Each container nested in the header opened with a bracket of its own, so with
+    # fewer brackets in the text than the depth limit (strings' brackets only add to
+    # the count) no value can sit too deep: the walk is needed only beyond that.
+    if text.count("{") + text.count("[") >= _MAX_HEADER_DEPTH:
+        _check_depth(header)
     return header, view[end:]
 
 
@@ -257,6 +263,12 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise ValueError(f"number {text:.40} overflows a float")
     return value
+
+
+# Built once: json.loads and json.dumps build a new decoder or encoder on every call
+# that passes options, which costs more than reading a small header.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 def _check_depth(header: dict[str, Any]) -> None:
@@ -272,6 +284,8 @@ def _check_depth(header: dict[str, Any]) -> None:
 
 
 def _is_finite_number(value: object) -> bool:
+    if type(value) is float:  # the common case, first
+        return math.isfinite(value)
     if not isinstance(value, int | float) or isinstance(value, bool):
         return False
     try:
@@ -285,6 +299,8 @@ def _check_str(value: object, what: str, max_len: int, *, required: bool = False
         return
     if not isinstance(value, str) or not value or len(value) > max_len:
         raise FrameError(f"{what} must be a string of 1-{max_len} characters, got {value!r:.80}")
+    if value.isascii():  # the common case; no surrogate is ASCII
+        return
     try:
         value.encode("utf-8")  # lone surrogates from JSON escapes cannot go on the wire
     except UnicodeEncodeError as e:

@@ -192,8 +192,8 @@ def decode_tensors(
         name, datatype, shape, count = _check_descriptor(desc, limits)
         if name in out:
             raise TensorError(f"tensor {name!r} appears twice")
-        raw_nbytes = _nonneg_int(desc.get("raw_nbytes"), f"{name}.raw_nbytes")
-        nbytes = _nonneg_int(desc.get("nbytes"), f"{name}.nbytes")
+        raw_nbytes = _nonneg_int(desc.get("raw_nbytes"), name, "raw_nbytes")
+        nbytes = _nonneg_int(desc.get("nbytes"), name, "nbytes")
         if datatype == "BYTES":
             decoded_bytes = raw_nbytes + count * _OBJECT_POINTER
         else:
@@ -249,9 +249,9 @@ def _zstd() -> Any:
     return zstandard
 
 
-def _nonneg_int(value: object, what: str) -> int:
+def _nonneg_int(value: object, name: str, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise TensorError(f"{what} must be a non-negative integer, got {value!r}")
+        raise TensorError(f"{name}.{what} must be a non-negative integer, got {value!r}")
     return value
 
 
@@ -272,15 +272,20 @@ def _check_descriptor(desc: object, limits: Limits) -> tuple[str, str, tuple[int
         raise LimitExceededError(
             f"tensor {name!r} has rank {len(raw_shape)}; the limit is {limits.max_rank}"
         )
-    shape = tuple(_nonneg_int(d, f"{name}.shape[{i}]") for i, d in enumerate(raw_shape))
+    shape = tuple(raw_shape)
+    for d in shape:  # plain non-negative ints pass here; anything else gets the full check
+        if type(d) is not int or d < 0:
+            shape = tuple(_nonneg_int(d, name, f"shape[{i}]") for i, d in enumerate(shape))
+            break
+    count = math.prod(shape)
     # Every element takes at least one byte. Zero dimensions count as one so that
     # a shape like [0, 10**30] is refused here rather than by numpy's reshape.
-    if math.prod(max(d, 1) for d in shape) > limits.max_tensor_bytes:
+    bound = math.prod(d or 1 for d in shape) if count == 0 else count
+    if bound > limits.max_tensor_bytes:
         raise LimitExceededError(
             f"tensor {name!r} of shape {list(shape)!s:.80} is above the limit of "
             f"{limits.max_tensor_bytes} bytes"
         )
-    count = math.prod(shape)
     return name, str(datatype), shape, count
 
 
@@ -398,8 +403,14 @@ def _unpack(
     if datatype == "BOOL":
         # Any byte but 0 is True: numpy must never hold a bool whose byte is not 0 or 1.
         return (np.frombuffer(chunk, dtype=np.uint8, count=count) != 0).reshape(shape)
-    flat = np.frombuffer(chunk, dtype=wire_dtype, count=count)
     target = DATATYPES[datatype]
+    if wire == datatype:
+        # Copy (the result must be writable and not alias the frame) through a bytearray:
+        # numpy's own copy releases the GIL for arrays this size, and taking it back costs
+        # a thread switch wherever another thread is busy (the hub decodes on paho's
+        # network thread while its batcher encodes replies), far more than the copy.
+        return np.frombuffer(bytearray(chunk), dtype=target, count=count).reshape(shape)
+    flat = np.frombuffer(chunk, dtype=wire_dtype, count=count)
     if wire == "INT8" and datatype != "INT8":
         scale, zero_point = _quantization(desc, name)
         with np.errstate(over="ignore"):
@@ -407,8 +418,7 @@ def _unpack(
         # Rounding may carry the top code a little past the target's largest finite value.
         limit = float(np.finfo(target).max)
         return np.clip(restored, -limit, limit).astype(target).reshape(shape)
-    # Copy: the result must own its memory and be writable, not alias the frame.
-    return flat.astype(target, copy=True).reshape(shape)
+    return flat.astype(target).reshape(shape)  # FP16 on the wire: a new array
 
 
 def shape_compatible(shape: Sequence[int], declared: Sequence[int | None]) -> bool:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -102,7 +104,6 @@ def test_hub_killed_mid_batch_requests_fall_back_and_a_restarted_hub_serves(
     linear_onnx: Path, mosquitto: MosquittoProcess, tmp_path: Path
 ) -> None:
     topics = Topics("e2e/kill")
-    # A long batching window keeps requests queued inside the hub when it dies.
     repo = write_repo(tmp_path / "repo", max_batch_size=64, max_queue_delay_ms=5000.0)
     hub = HubProcess(
         repo, mosquitto.url, tmp_path / "hub.log", "--prefix", topics.prefix, "--no-share"
@@ -116,6 +117,11 @@ def test_hub_killed_mid_batch_requests_fall_back_and_a_restarted_hub_serves(
     try:
         with agent:
             _wait_until_subscribed(mosquitto, topics)
+            # A frozen hub takes the requests off the broker and never answers: they are
+            # all in its hands when it dies. (A long batching window no longer holds them
+            # in its batcher: a lone request for an idle batcher is computed at once.)
+            assert hub.process is not None
+            os.kill(hub.process.pid, signal.SIGSTOP)
             results: list[InferenceResult] = []
             lock = threading.Lock()
 
@@ -127,7 +133,7 @@ def test_hub_killed_mid_batch_requests_fall_back_and_a_restarted_hub_serves(
             threads = [threading.Thread(target=call) for _ in range(8)]
             for t in threads:
                 t.start()
-            time.sleep(0.5)  # the requests are now waiting in the hub's batcher
+            time.sleep(0.5)  # the requests are now delivered to the frozen hub
             hub.kill()
             for t in threads:
                 t.join()

@@ -123,6 +123,46 @@ def test_a_partial_batch_leaves_after_the_queue_delay(make_batcher, model):
     assert model.batch_rows == [3]
 
 
+# A window no test could wait out: a request that waited for it would fail its result(WAIT_S).
+FOREVER_MS = 3_600_000.0
+
+
+def test_a_lone_request_for_an_idle_worker_is_computed_without_waiting_for_the_window(
+    make_batcher, model
+):
+    batcher = make_batcher(max_batch_size=8, max_queue_delay_ms=FOREVER_MS).start()
+    for v in range(3):  # one after another: each finds the worker idle and the queue empty
+        result = batcher.submit(rows(1, v)).result(WAIT_S)
+        assert (result.batch_rows, result.batch_requests) == (1, 1)
+    assert model.batch_rows == [1, 1, 1]
+    assert batcher.metrics.snapshot().batch_requests == {1: 3}
+
+
+def test_company_that_arrives_during_compute_still_batches_under_a_long_window(make_batcher, model):
+    batcher = make_batcher(max_batch_size=2, max_queue_delay_ms=FOREVER_MS).start()
+    model.gate.clear()
+    first = batcher.submit(rows(1, 0))
+    assert model.entered.get(timeout=WAIT_S) == 1  # computed at once, alone
+    pair = [batcher.submit(rows(1, v)) for v in (1, 2)]  # queued during compute: a full batch
+    model.gate.set()
+    for f in [first, *pair]:
+        f.result(WAIT_S)
+    assert batcher.submit(rows(1, 3)).result(WAIT_S).batch_requests == 1  # alone again
+    assert model.batch_rows == [1, 2, 1]
+
+
+def test_a_request_queued_alone_during_compute_runs_as_soon_as_compute_ends(make_batcher, model):
+    batcher = make_batcher(max_batch_size=8, max_queue_delay_ms=FOREVER_MS).start()
+    model.gate.clear()
+    first = batcher.submit(rows(1, 0))
+    model.entered.get(timeout=WAIT_S)
+    second = batcher.submit(rows(1, 1))
+    model.gate.set()
+    assert first.result(WAIT_S).batch_requests == 1
+    assert second.result(WAIT_S).batch_requests == 1
+    assert model.batch_rows == [1, 1]
+
+
 def test_requests_expired_in_the_queue_are_answered_without_compute(make_batcher, model):
     batcher = make_batcher().start()
     model.gate.clear()

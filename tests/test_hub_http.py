@@ -12,14 +12,14 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
-from cloud_hub import Hub
+from cloud_hub import CallableExecutor, DynamicBatcher, Hub, ModelConfig, ResultFuture
 from cloud_hub.http import HttpServer, create_app
 
 from ._hub_http_kit import (
@@ -292,36 +292,102 @@ def test_a_failing_model_is_500_and_the_only_500(client: httpx.Client) -> None:
     assert_still_serving(client)
 
 
-def test_deadlines_are_504(client: httpx.Client, hub: Hub) -> None:
+class HeldModel:
+    """y = x over FP32[?, 16], queueing one request at most; compute waits while held.
+
+    A lone request for an idle batcher is computed at once, so a test that
+    needs requests to wait in the queue first holds a batch in compute.
+    """
+
+    CONFIG = ModelConfig.from_json(
+        {
+            "max_batch_size": 2,
+            "max_queue_delay_ms": 60_000,
+            "max_queue_size": 1,
+            "inputs": [{"name": "x", "datatype": "FP32", "dims": [16]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "dims": [16]}],
+        }
+    )
+
+    def __init__(self, hub: Hub, name: str) -> None:
+        self.hub, self.name = hub, name
+        self.released, self.entered = threading.Event(), threading.Event()
+        self.released.set()
+        hub.add_model(name, CallableExecutor(self._compute), config=self.CONFIG)
+        self.batcher: DynamicBatcher = next(b for b in hub.batchers() if b.model == name)
+
+    def _compute(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if np.any(inputs["x"]):  # the warm-up's zeros pass straight
+            self.entered.set()
+            assert self.released.wait(WAIT_S)
+        return {"y": inputs["x"]}
+
+    def hold(self) -> ResultFuture:
+        """Put a batch in compute and keep it there until ``release``."""
+        self.released.clear()
+        future = self.hub.submit(self.name, {"x": rows(1)})
+        assert self.entered.wait(WAIT_S)
+        return future
+
+    def release(self) -> None:
+        self.released.set()
+
+    def wait_queued(self, depth: int) -> float:
+        """Wait until ``depth`` requests are queued; return the monotonic time it saw them."""
+        end = time.monotonic() + WAIT_S
+        while self.batcher.queue_depth < depth and time.monotonic() < end:
+            time.sleep(0.005)
+        assert self.batcher.queue_depth >= depth
+        return time.monotonic()
+
+
+def in_thread(call: Callable[[], httpx.Response]) -> tuple[threading.Thread, list[httpx.Response]]:
+    got: list[httpx.Response] = []
+    thread = threading.Thread(target=lambda: got.append(call()))
+    thread.start()
+    return thread, got
+
+
+def test_deadlines_are_504(client: httpx.Client, hub: Hub, url: str) -> None:
     x = infer_json(rows(1), parameters={"timeout": 1})  # 1 µs: gone before it is queued
     r = client.post("/v2/models/linear/infer", json=x)
     assert r.status_code == 504 and r.json()["error"]
-    # "batched" waits for 8 rows: this lone request's deadline passes in the queue.
-    r = client.post(
-        "/v2/models/batched/infer", json=infer_json(rows(1), parameters={"timeout": 200_000})
-    )
-    assert r.status_code == 504 and "queue" in r.json()["error"]
+    # Behind a batch held in compute, a request waits in the queue until its deadline passes.
+    held = HeldModel(hub, "held-deadline")
+    blocker = held.hold()
+    body = infer_json(rows(1), parameters={"timeout": 200_000})  # 200 ms
+
+    def post() -> httpx.Response:
+        with httpx.Client(base_url=url, timeout=WAIT_S) as c:
+            return c.post("/v2/models/held-deadline/infer", json=body)
+
+    thread, got = in_thread(post)
+    deadline = held.wait_queued(1) + 0.2  # received before this: its deadline is earlier
+    while time.monotonic() <= deadline:
+        time.sleep(0.01)
+    held.release()
+    thread.join(WAIT_S)
+    blocker.result(WAIT_S)
+    assert got[0].status_code == 504 and "queue" in got[0].json()["error"]
     assert_still_serving(client)
 
 
 def test_a_full_queue_is_503_with_retry_after(client: httpx.Client, url: str, hub: Hub) -> None:
-    narrow = next(b for b in hub.batchers() if b.model == "narrow")
-    first: list[httpx.Response] = []
+    held = HeldModel(hub, "held-narrow")
+    blocker = held.hold()
 
-    def queued() -> None:  # waits in the queue (one request fits) until its deadline
+    def post() -> httpx.Response:  # waits in the queue (one request fits) behind the blocker
         with httpx.Client(base_url=url, timeout=WAIT_S) as c:
-            body = infer_json(rows(1), parameters={"timeout": 3_000_000})
-            first.append(c.post("/v2/models/narrow/infer", json=body))
+            return c.post("/v2/models/held-narrow/infer", json=infer_json(rows(1)))
 
-    thread = threading.Thread(target=queued)
-    thread.start()
-    end = time.monotonic() + WAIT_S
-    while narrow.queue_depth < 1 and time.monotonic() < end:
-        time.sleep(0.005)
-    r = client.post("/v2/models/narrow/infer", json=infer_json(rows(1)))
+    thread, first = in_thread(post)
+    held.wait_queued(1)
+    r = client.post("/v2/models/held-narrow/infer", json=infer_json(rows(1)))
+    held.release()
     thread.join(WAIT_S)
+    blocker.result(WAIT_S)
     assert r.status_code == 503 and r.headers["retry-after"] == "1" and r.json()["error"]
-    assert first[0].status_code == 504
+    assert first[0].status_code == 200  # computed once the held batch was done
     assert_still_serving(client)
 
 

@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
-from cloud_hub import Hub, HubError
+from cloud_hub import Executor, Hub, HubError, ModelConfig, OnnxExecutor, ResultFuture
 from cloud_hub.http import HttpServer, create_app
 from edge_agent import EdgeAgent, OffloadPolicy, Source
 from shared import MqttSettings, Topics
@@ -39,6 +39,7 @@ from ._hub_http_kit import (
 from ._hub_http_kit import client_fixture as client_fixture
 from ._hub_http_kit import hub_fixture as hub_fixture
 from ._hub_http_kit import url_fixture as url_fixture
+from ._models import write_linear_classifier
 
 # The fixtures hub, url and client: imported as themselves so that pytest finds them here.
 
@@ -48,28 +49,85 @@ ROOT = Path(__file__).resolve().parents[1]
 # -- batching, clients, transports ---------------------------------------------------------
 
 
-def test_concurrent_http_requests_batch_together(url: str, client: httpx.Client) -> None:
+class HeldLinear(Executor):
+    """The linear classifier, batched by 8 rows with a long window; compute waits while held.
+
+    A lone request for an idle batcher is computed at once. Holding that first
+    batch in compute lets the requests sent meanwhile queue up together, and
+    they leave only as a full batch of 8 rows, whatever the timing.
+    """
+
+    platform = "onnxruntime"
+    CONFIG = ModelConfig.from_json({"max_batch_size": 8, "max_queue_delay_ms": 60_000})
+
+    def __init__(self, hub: Hub, name: str, model_dir: Path) -> None:
+        self.inner = OnnxExecutor(write_linear_classifier(model_dir / "model.onnx"))
+        self.hub, self.name = hub, name
+        self.released, self.entered = threading.Event(), threading.Event()
+        self.released.set()
+        hub.add_model(name, self, config=self.CONFIG)
+        self.batcher = next(b for b in hub.batchers() if b.model == name)
+
+    @property
+    def inputs(self) -> Any:
+        return self.inner.inputs
+
+    @property
+    def outputs(self) -> Any:
+        return self.inner.outputs
+
+    def _run(self, inputs: dict[str, np.ndarray]) -> Any:
+        if np.any(inputs["x"]):  # the warm-up's zeros pass straight
+            self.entered.set()
+            assert self.released.wait(WAIT_S)
+        return self.inner.run(inputs)
+
+    def hold(self) -> ResultFuture:
+        """Put a batch of one row in compute and keep it there until ``release_when``."""
+        self.released.clear()
+        future = self.hub.submit(self.name, {"x": rows(1, seed=99)})
+        assert self.entered.wait(WAIT_S)
+        return future
+
+    def release_when(self, queued: int) -> None:
+        """Let the held batch finish once ``queued`` requests wait behind it."""
+        end = time.monotonic() + WAIT_S
+        while self.batcher.queue_depth < queued and time.monotonic() < end:
+            time.sleep(0.005)
+        self.released.set()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_concurrent_http_requests_batch_together(
+    url: str, client: httpx.Client, hub: Hub, tmp_path: Path
+) -> None:
     x = rows(8, seed=5)
+    held = HeldLinear(hub, "held8", tmp_path)
 
     async def send_all() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=url, timeout=WAIT_S) as c:
             return await asyncio.gather(
-                *(
-                    c.post("/v2/models/batched/infer", json=infer_json(x[i : i + 1]))
-                    for i in range(8)
-                )
+                *(c.post("/v2/models/held8/infer", json=infer_json(x[i : i + 1])) for i in range(8))
             )
 
-    responses = asyncio.run(send_all())
+    blocker = held.hold()
+    responses: list[httpx.Response] = []
+    sender = threading.Thread(target=lambda: responses.extend(asyncio.run(send_all())))
+    sender.start()
+    held.release_when(queued=8)
+    sender.join(WAIT_S)
+    blocker.result(WAIT_S)
     got = np.array([r.json()["outputs"][0]["data"] for r in responses], np.float32)
     np.testing.assert_allclose(got, x @ W + B, rtol=1e-5, atol=1e-5)
     text = client.get("/metrics").text
-    labels = {"model": "batched", "version": "1"}
-    # "batched" computes only full batches of 8 rows: the 8 requests ran as one batch.
-    assert metric(text, "tandem_inference_exec_count_total", **labels) == 1
-    assert metric(text, "tandem_inference_count_total", **labels) == 8
-    assert metric(text, "tandem_batch_size_bucket", le="4.0", **labels) == 0
-    assert metric(text, "tandem_batch_size_bucket", le="8.0", **labels) == 1
+    labels = {"model": "held8", "version": "1"}
+    # Behind the held batch of 1 row, the 8 requests of a row each ran as one batch.
+    assert metric(text, "tandem_inference_exec_count_total", **labels) == 2
+    assert metric(text, "tandem_inference_count_total", **labels) == 9
+    assert metric(text, "tandem_batch_size_bucket", le="4.0", **labels) == 1
+    assert metric(text, "tandem_batch_size_bucket", le="8.0", **labels) == 2
     assert metric(text, "tandem_inference_request_success_total", transport="http", **labels) == 8
 
 
@@ -142,7 +200,8 @@ def test_http_and_mqtt_give_the_same_answer_and_batch_together(
         np.testing.assert_allclose(by_mqtt.outputs["logits"], http_logits, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(http_logits, x @ W + B, rtol=1e-5, atol=1e-5)
 
-        # "batched" computes only full batches of 8: 4 HTTP + 4 MQTT requests make one.
+        # Behind a held batch, 4 HTTP + 4 MQTT requests queue up and make one batch of 8.
+        held = HeldLinear(hub, "batched", tmp_path / "held")
         batch = rows(8, seed=8)
         agent.cloud_model = "batched"
         answers: dict[int, np.ndarray] = {}
@@ -158,16 +217,19 @@ def test_http_and_mqtt_give_the_same_answer_and_batch_together(
         threads = [
             threading.Thread(target=by_agent if i % 2 else by_client, args=(i,)) for i in range(8)
         ]
+        blocker = held.hold()
         for t in threads:
             t.start()
+        held.release_when(queued=8)
         for t in threads:
             t.join(WAIT_S)
+        blocker.result(WAIT_S)
         got = np.concatenate([answers[i] for i in range(8)])
         np.testing.assert_allclose(got, batch @ W + B, rtol=1e-5, atol=1e-5)
         text = client.get("/metrics").text
     labels = {"model": "batched", "version": "1"}
-    assert metric(text, "tandem_inference_exec_count_total", **labels) == 1
-    assert metric(text, "tandem_inference_count_total", **labels) == 8
+    assert metric(text, "tandem_inference_exec_count_total", **labels) == 2  # held, then 8
+    assert metric(text, "tandem_inference_count_total", **labels) == 9
     for transport in ("http", "mqtt"):
         assert (
             metric(text, "tandem_inference_request_success_total", transport=transport, **labels)

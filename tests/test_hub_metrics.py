@@ -1,14 +1,15 @@
 """The hub's Prometheus metrics: names after Triton's, a registry per hub, honest labels.
 
-Counts are asserted, never durations: the batch-size histogram is filled by
-models whose batches leave only when full, so how requests batch does not
-depend on timing.
+Counts are asserted, never durations: the batch-size histogram is filled by a
+model held in compute (``HeldModel``) while requests queue behind it; those
+leave only as full batches, so how requests batch does not depend on timing.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 import time
 import uuid
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cloud_hub import Hub, HubMetrics
+from cloud_hub import Executor, Hub, HubMetrics, OnnxExecutor
 from cloud_hub._prometheus import batch_size_buckets
 from cloud_hub.http import HttpServer, create_app
 from edge_agent import EdgeAgent, NoAnswerError, OffloadPolicy, Source
@@ -47,7 +48,7 @@ NAMES = {
 
 
 def write_repo(root: Path) -> Path:
-    """full4: batches leave only with 4 rows; linear: at once."""
+    """full4: behind a batch, requests leave only as 4 rows; linear: at once."""
     for name, config in {
         "linear": {"max_batch_size": 8, "max_queue_delay_ms": 0},
         "full4": {"max_batch_size": 4, "max_queue_delay_ms": 60_000, "max_queue_size": 2},
@@ -59,6 +60,56 @@ def write_repo(root: Path) -> Path:
 
 def x(n: int = 1) -> np.ndarray:
     return np.ones((n, 16), np.float32)
+
+
+class HeldModel(Executor):
+    """The repository's ONNX model, whose compute waits while held.
+
+    A lone request for an idle batcher is computed at once; holding that
+    first batch in compute lets the next requests queue up together, so they
+    batch by the batcher's rules alone (full4: only as a full batch of 4 rows).
+    """
+
+    platform = "onnxruntime"
+
+    def __init__(self, inner: Executor) -> None:
+        self.inner = inner
+        self.released = threading.Event()
+        self.released.set()
+        self.entered: queue.Queue[int] = queue.Queue()
+
+    @property
+    def inputs(self) -> Any:
+        return self.inner.inputs
+
+    @property
+    def outputs(self) -> Any:
+        return self.inner.outputs
+
+    def _run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.entered.put(len(inputs["x"]))
+        assert self.released.wait(WAIT_S)
+        return self.inner.run(inputs)
+
+    def hold_with(self, hub: Hub, rows: int = 1) -> Any:
+        """Submit a request of ``rows`` and keep it in compute until ``release``."""
+        self.released.clear()
+        while not self.entered.empty():  # the warm-up's entry
+            self.entered.get_nowait()
+        future = hub.submit("full4", {"x": x(rows)})
+        assert self.entered.get(timeout=WAIT_S) == rows
+        return future
+
+    def release(self) -> None:
+        self.released.set()
+
+
+def held_full4(hub: Hub, repo: Path) -> HeldModel:
+    """Serve full4 (same model file and config) through a ``HeldModel``."""
+    served = hub.repository.get("full4")
+    held = HeldModel(OnnxExecutor(repo / "full4" / "1" / "model.onnx"))
+    hub.add_model("full4", held, config=served.config)
+    return held
 
 
 def families(text: str) -> dict[str, Any]:
@@ -88,21 +139,27 @@ def test_batch_size_buckets_double_up_to_the_max() -> None:
 
 def test_in_process_requests_fill_the_batch_level_metrics(repo: Path) -> None:
     with Hub(repo) as hub:
-        # Two requests of 2 rows fill one batch of 4; then one of 3 and one of 1.
+        held = held_full4(hub, repo)
+        # Behind a held batch of 1 row, two requests of 2 rows fill one batch of 4;
+        # then behind another, one of 3 and one of 1.
         for pair in ((2, 2), (3, 1)):  # full4 queues two requests at most
-            for future in [hub.submit("full4", {"x": x(n)}) for n in pair]:
+            blocker = held.hold_with(hub)
+            futures = [hub.submit("full4", {"x": x(n)}) for n in pair]
+            held.release()
+            for future in [blocker, *futures]:
                 future.result(WAIT_S)
         text = hub.prometheus.render()
     labels = {"model": "full4", "version": "1"}
-    assert value(text, "tandem_inference_exec_count_total", **labels) == 2
-    assert value(text, "tandem_inference_count_total", **labels) == 8
-    assert value(text, "tandem_batch_size_bucket", le="2.0", **labels) == 0
-    assert value(text, "tandem_batch_size_bucket", le="4.0", **labels) == 2
-    assert value(text, "tandem_batch_size_bucket", le="+Inf", **labels) == 2
-    assert value(text, "tandem_batch_size_count", **labels) == 2
-    assert value(text, "tandem_batch_size_sum", **labels) == 8
-    assert value(text, "tandem_inference_queue_duration_us_count", **labels) == 4
-    assert value(text, "tandem_inference_compute_infer_duration_us_count", **labels) == 4
+    assert value(text, "tandem_inference_exec_count_total", **labels) == 4
+    assert value(text, "tandem_inference_count_total", **labels) == 10
+    assert value(text, "tandem_batch_size_bucket", le="1.0", **labels) == 2
+    assert value(text, "tandem_batch_size_bucket", le="2.0", **labels) == 2
+    assert value(text, "tandem_batch_size_bucket", le="4.0", **labels) == 4
+    assert value(text, "tandem_batch_size_bucket", le="+Inf", **labels) == 4
+    assert value(text, "tandem_batch_size_count", **labels) == 4
+    assert value(text, "tandem_batch_size_sum", **labels) == 10
+    assert value(text, "tandem_inference_queue_duration_us_count", **labels) == 6
+    assert value(text, "tandem_inference_compute_infer_duration_us_count", **labels) == 6
     assert value(text, "tandem_queue_depth", **labels) == 0
     # Transports count answers; in-process submits are not among them.
     assert value(text, "tandem_inference_request_success_total", **labels) == 0
@@ -110,10 +167,14 @@ def test_in_process_requests_fill_the_batch_level_metrics(repo: Path) -> None:
 
 def test_overload_rejections_and_queue_depth_are_counted(repo: Path) -> None:
     with Hub(repo) as hub:
+        held = held_full4(hub, repo)
+        blocker = held.hold_with(hub)
         waiting = [hub.submit("full4", {"x": x(1)}) for _ in range(2)]  # full4 queues two
         with pytest.raises(Exception, match="queue full"):
             hub.submit("full4", {"x": x(1)})
         text = hub.prometheus.render()
+        held.release()  # 1 + 1 rows then wait for company: the window outlasts the hub
+        blocker.result(WAIT_S)
     assert all(f.exception(WAIT_S) is not None for f in waiting)  # answered "stopping"
     labels = {"model": "full4", "version": "1"}
     assert value(text, "tandem_queue_depth", **labels) == 2
@@ -200,35 +261,43 @@ def test_get_metrics_exposes_every_metric_with_its_triton_counterpart(
 
 
 def test_the_batch_size_histogram_fills_under_concurrent_http_load(
-    http_hub: tuple[Hub, httpx.Client],
+    http_hub: tuple[Hub, httpx.Client], repo: Path
 ) -> None:
     hub, client = http_hub
     url = str(client.base_url)
     statuses: list[int] = []
+    held = held_full4(hub, repo)
 
     def send(n: int) -> None:
         with httpx.Client(base_url=url, timeout=WAIT_S) as c:
             statuses.append(c.post("/v2/models/full4/infer", json=infer_body(n)).status_code)
 
-    # full4 queues at most two requests and computes only full batches of 4 rows:
-    # 2 + 2 rows make one batch, then 1 + 3 another, whatever the timing.
+    # Behind a held batch (in process, 1 row) full4 queues at most two requests and
+    # computes them only as a full batch of 4 rows: 2 + 2 rows make one, then 1 + 3.
     for pair in ((2, 2), (1, 3)):
+        blocker = held.hold_with(hub)
         threads = [threading.Thread(target=send, args=(n,)) for n in pair]
         for t in threads:
             t.start()
+        batcher = next(b for b in hub.batchers() if b.model == "full4")
+        end = time.monotonic() + WAIT_S
+        while batcher.queue_depth < 2 and time.monotonic() < end:
+            time.sleep(0.005)
+        held.release()
         for t in threads:
             t.join(WAIT_S)
+        blocker.result(WAIT_S)
     assert statuses == [200] * 4
     text = client.get("/metrics").text
     labels = {"model": "full4", "version": "1"}
     count = value(text, "tandem_inference_count_total", **labels)
     execs = value(text, "tandem_inference_exec_count_total", **labels)
-    assert (count, execs) == (8, 2)  # mean batch size 4
-    assert value(text, "tandem_batch_size_bucket", le="2.0", **labels) == 0
-    assert value(text, "tandem_batch_size_bucket", le="4.0", **labels) == 2
+    assert (count, execs) == (10, 4)  # two held batches of 1 row, two full batches of 4
+    assert value(text, "tandem_batch_size_bucket", le="2.0", **labels) == 2
+    assert value(text, "tandem_batch_size_bucket", le="4.0", **labels) == 4
     assert value(text, "tandem_inference_request_success_total", transport="http", **labels) == 4
-    assert value(text, "tandem_inference_queue_duration_us_count", **labels) == 4
-    assert hub.metrics()["full4@1"].batches == 2  # the exporter and the batcher agree
+    assert value(text, "tandem_inference_queue_duration_us_count", **labels) == 6
+    assert hub.metrics()["full4@1"].batches == 4  # the exporter and the batcher agree
 
 
 def test_mqtt_answers_are_counted_under_their_transport(repo: Path, mosquitto: Any) -> None:

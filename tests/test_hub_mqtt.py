@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +43,7 @@ from shared import (
     new_request_id,
 )
 
+from ._brokers import free_port
 from ._models import linear_classifier_weights, write_linear_classifier
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,8 +175,9 @@ def test_a_request_gets_the_models_answer(make_hub, make_device, protocol):
     np.testing.assert_allclose(reply.tensors["logits"], logits(x), rtol=1e-5, atol=1e-5)
     assert set(reply.timing) == {"queue_ms", "compute_ms", "hub_ms"}
     if protocol == mqtt.MQTTv5:  # the hub speaks 5 to a 5 broker and sets the reply properties
-        assert properties.CorrelationData == request_id.encode()
         assert 1 <= properties.MessageExpiryInterval <= 5
+        # Correlation travels in the envelope; correlation data only echoes a request's own.
+        assert not hasattr(properties, "CorrelationData")
 
 
 def test_an_mqtt5_response_topic_and_correlation_data_are_honoured(make_hub, make_device, topics):
@@ -437,3 +440,95 @@ def test_a_hub_process_killed_with_sigkill_is_replaced_by_a_new_one(
         if first.poll() is None:
             first.kill()
             first.wait()
+
+
+def child_pids(pid: int) -> list[int]:
+    return [
+        int(child)
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for child in (task / "children").read_text().split()
+    ]
+
+
+def mqtt_answers_counted(port: int) -> float:
+    """Requests the process serving HTTP answered over MQTT, from its /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT_S) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("tandem_inference_request_success_total{") and "mqtt" in line
+    )
+
+
+@pytest.mark.slow
+def test_hub_workers_split_the_requests_and_never_outlive_the_hub(
+    mosquitto, repo, topics, make_device, tmp_path
+):
+    device = make_device()
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "cloud_hub",
+        "--repo",
+        str(repo),
+        "--broker",
+        mosquitto.url,
+        "--prefix",
+        topics.prefix,
+        "--share-group",
+        f"g{uuid.uuid4().hex[:6]}",
+        "--log-level",
+        "warning",
+        "--http-port",
+        str(port),
+        "--workers",
+        "2",
+    ]
+
+    def start() -> subprocess.Popen[bytes]:
+        log = (tmp_path / "hub.log").open("ab")
+        process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        return process
+
+    def gone(pid: int) -> bool:
+        end = time.monotonic() + WAIT_S
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        return not Path(f"/proc/{pid}").exists()
+
+    def worker_of(hub: subprocess.Popen[bytes]) -> int:
+        end = time.monotonic() + WAIT_S  # it starts once the first process serves
+        while not child_pids(hub.pid) and time.monotonic() < end:
+            time.sleep(0.05)
+        (pid,) = child_pids(hub.pid)
+        return pid
+
+    hub = start()
+    try:
+        assert answered_eventually(device), (tmp_path / "hub.log").read_text()
+        worker = worker_of(hub)
+        # Once the worker has subscribed, the broker gives it a share of the requests:
+        # the first process (the one serving HTTP) then counts fewer than were answered.
+        answered, end = 0, time.monotonic() + WAIT_S
+        while mqtt_answers_counted(port) >= answered and time.monotonic() < end:
+            for _ in range(10):
+                assert device.reply(device.request("linear", {"x": x_rows()})).ok
+            answered += 10
+        assert 0 < mqtt_answers_counted(port) < answered
+        hub.send_signal(signal.SIGTERM)  # a clean stop takes the workers down with it
+        assert hub.wait(WAIT_S) == 0
+        assert gone(worker)
+
+        hub = start()
+        assert answered_eventually(device), (tmp_path / "hub.log").read_text()
+        worker = worker_of(hub)
+        hub.kill()  # no goodbye: the worker notices its parent is gone and stops
+        hub.wait(WAIT_S)
+        assert gone(worker), "an orphaned hub worker kept running"
+    finally:
+        if hub.poll() is None:
+            hub.kill()
+            hub.wait()

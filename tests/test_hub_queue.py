@@ -138,6 +138,33 @@ def test_flush_sends_a_partial_batch_at_once():
     assert q.take(0.0, flush=True).batch == [a]
 
 
+def test_a_lone_request_for_an_idle_executor_leaves_without_its_window():
+    q = make_queue(batch=8, delay_s=100.0)
+    a = pending(at=0.0)
+    q.push(a)
+    assert q.take(0.0).batch == []  # the executor is busy: it waits for company
+    assert q.take(0.0, idle=True).batch == [a]
+
+
+def test_an_idle_executor_still_waits_the_window_for_requests_that_came_together():
+    q = make_queue(batch=8, delay_s=1.0)
+    a, b = pending(at=0.0), pending(at=0.1)
+    q.push(a)
+    q.push(b)
+    waiting = q.take(0.2, idle=True)
+    assert waiting.batch == [] and waiting.wake_at == pytest.approx(1.0)
+    assert q.take(1.0, idle=True).batch == [a, b]
+
+
+def test_a_request_left_alone_by_expiries_leaves_at_once_when_idle():
+    q = make_queue(batch=8, delay_s=100.0)
+    late, ok = pending(at=0.0, deadline=0.5), pending(at=0.1)
+    q.push(late)
+    q.push(ok)
+    taken = q.take(0.5, idle=True)
+    assert taken.expired == [late] and taken.batch == [ok]
+
+
 def test_without_batching_each_request_is_its_own_batch_at_once():
     q = make_queue(batch=0, delay_s=100.0)
     a, b = pending(at=0.0), pending(at=0.0)

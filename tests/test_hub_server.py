@@ -171,6 +171,12 @@ def test_the_help_teaches_the_layout_and_the_options():
     assert result.exit_code == 0
     for text in ("--repo", "--broker", "--share-group", "--no-share", "--prefix", "model.onnx"):
         assert text in result.output
+    assert "--workers" in result.output
+
+
+def test_several_workers_without_a_shared_subscription_is_a_usage_error(repo):
+    result = CliRunner().invoke(cli(), ["--repo", str(repo), "--workers", "2", "--no-share"])
+    assert result.exit_code == 2 and "shared subscription" in result.output
 
 
 def test_a_missing_repository_is_a_usage_error(tmp_path):

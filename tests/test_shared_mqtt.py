@@ -212,3 +212,25 @@ def test_resolve_protocol_keeps_an_explicit_choice_without_connecting() -> None:
     port = free_port()  # nothing listens: an attempt to connect would say 3.1.1
     assert resolve_protocol(MqttSettings(port=port, protocol="5")) == "5"
     assert resolve_protocol(MqttSettings(port=port, protocol="3.1.1")) == "3.1.1"
+
+
+def test_packed_publish_properties_read_back_as_paho_properties() -> None:
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    from shared import publish_properties
+
+    assert publish_properties() is None
+    packed = publish_properties(correlation_data=b"req-7" * 40, expiry_interval_s=12)
+    assert packed is not None
+    parsed, length = Properties(PacketTypes.PUBLISH).unpack(packed.pack())
+    assert length == len(packed.pack())
+    assert parsed.CorrelationData == b"req-7" * 40  # a length needing two varint bytes
+    assert parsed.MessageExpiryInterval == 12
+    only_expiry = publish_properties(expiry_interval_s=2**40)
+    assert only_expiry is not None
+    assert Properties(PacketTypes.PUBLISH).unpack(only_expiry.pack())[0].MessageExpiryInterval == (
+        2**32 - 1
+    )
+    with pytest.raises(ValueError, match="65535"):
+        publish_properties(correlation_data=bytes(70_000))
