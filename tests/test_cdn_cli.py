@@ -1,11 +1,13 @@
 """The CDN's commands as a user runs them: ``tandem keys``, ``tandem models``, ``tandem cdn``.
 
-Each runs in a subprocess (``python -m tandem.cli``) so exit codes, stdout and
-stderr are the real ones; a failure must be exactly one line on stderr.
+Each runs through typer's test runner in this process (exit code, stdout and
+stderr apart; ``process=True`` runs a real ``python -m tandem.cli``); a
+failure must be exactly one line on stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -36,7 +38,22 @@ from ._cdn import make_manifest_doc, receive_retained
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def tandem(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def tandem(
+    *args: str, cwd: Path, timeout: float = 120, process: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``tandem ARGS`` in ``cwd``: in this process by default (fast), in a real one with
+    ``process``."""
+    if not process:
+        from typer.testing import CliRunner
+
+        from tandem.cli import app
+
+        unset = {k: None for k in os.environ if k.startswith("TANDEM_")}
+        with contextlib.chdir(cwd):
+            result = CliRunner().invoke(app, list(args), env={**unset, "COLUMNS": "200"})
+        return subprocess.CompletedProcess(
+            list(args), result.exit_code, result.stdout, result.stderr
+        )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
     env["PYTHONPATH"] = str(ROOT)
     env["COLUMNS"] = "200"  # rich tables and help stay on one line each

@@ -1,7 +1,8 @@
 """``tandem rollout`` and ``tandem fleet list/show`` as an operator runs them.
 
-Each command runs in a subprocess (``python -m tandem.cli``) so exit codes,
-stdout and stderr are the real ones. Bad command lines are aimed at a
+Commands run through typer's test runner in this process (exit code, stdout
+and stderr apart); the root entry point, the environment variables and
+Ctrl-C under a terminal run in real processes. Bad command lines are aimed at a
 listening socket of the test's own (a tripwire) to prove nothing is sent;
 the end-to-end cases run the real CDN app (uvicorn on loopback) with the real
 rollout controller, its MQTT link on a real Mosquitto and a SQLite registry.
@@ -49,7 +50,12 @@ ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "t0ken-for-tests"
 
 
-def tandem(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def tandem(
+    *args: str, cwd: Path, timeout: float = 120, process: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """``tandem ARGS``: in this process by default (fast), in a real one with ``process``."""
+    if not process:
+        return tandem_in_process(*args)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
     env["PYTHONPATH"] = str(ROOT)
     env["COLUMNS"] = "200"  # rich tables and help stay on one line each
@@ -255,7 +261,7 @@ def test_help_teaches_with_an_example(command: tuple[str, ...]) -> None:
 
 
 def test_rollout_is_a_tandem_command_listing_its_subcommands(tmp_path: Path) -> None:
-    root = tandem("--help", cwd=tmp_path)
+    root = tandem("--help", cwd=tmp_path, process=True)  # the real entry point
     assert root.returncode == 0 and "rollout" in root.stdout
     group = tandem("rollout", "--help", cwd=tmp_path)
     assert group.returncode == 0, group.stderr
