@@ -7,7 +7,6 @@ failure must be exactly one line on stderr.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -34,47 +33,7 @@ from shared import (
 
 from ._brokers import MosquittoProcess, free_port, wait_for_port
 from ._cdn import make_manifest_doc, receive_retained
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def tandem(
-    *args: str, cwd: Path, timeout: float = 120, process: bool = False
-) -> subprocess.CompletedProcess[str]:
-    """``tandem ARGS`` in ``cwd``: in this process by default (fast), in a real one with
-    ``process``."""
-    if not process:
-        from typer.testing import CliRunner
-
-        from tandem.cli import app
-
-        unset = {k: None for k in os.environ if k.startswith("TANDEM_")}
-        with contextlib.chdir(cwd):
-            result = CliRunner().invoke(app, list(args), env={**unset, "COLUMNS": "200"})
-        return subprocess.CompletedProcess(
-            list(args), result.exit_code, result.stdout, result.stderr
-        )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    env["PYTHONPATH"] = str(ROOT)
-    env["COLUMNS"] = "200"  # rich tables and help stay on one line each
-    return subprocess.run(
-        [sys.executable, "-m", "tandem.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def one_error_line(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.returncode == code, result.stdout + result.stderr
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("tandem "), lines[0]
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
+from ._cli import ROOT, one_error_line, tandem
 
 
 def table_rows(stdout: str) -> list[list[str]]:

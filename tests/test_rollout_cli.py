@@ -45,53 +45,9 @@ from shared import (
 
 from ._brokers import MosquittoProcess, free_port
 from ._cdn import make_manifest_doc, serve_in_thread
+from ._cli import ROOT, one_error_line, tandem
 
-ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "t0ken-for-tests"
-
-
-def tandem(
-    *args: str, cwd: Path, timeout: float = 120, process: bool = False
-) -> subprocess.CompletedProcess[str]:
-    """``tandem ARGS``: in this process by default (fast), in a real one with ``process``."""
-    if not process:
-        return tandem_in_process(*args)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    env["PYTHONPATH"] = str(ROOT)
-    env["COLUMNS"] = "200"  # rich tables and help stay on one line each
-    return subprocess.run(
-        [sys.executable, "-m", "tandem.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def tandem_in_process(*args: str) -> subprocess.CompletedProcess[str]:
-    """The same command run by typer's test runner in this process (no interpreter start-up).
-
-    For the many input-validation cases; the cases about exit codes of a real
-    process, signals and terminals keep ``tandem``.
-    """
-    from typer.testing import CliRunner
-
-    from tandem.cli import app
-
-    env = {k: None for k in os.environ if k.startswith("TANDEM_")}
-    result = CliRunner().invoke(app, list(args), env={**env, "COLUMNS": "200"})
-    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
-
-
-def one_error_line(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.returncode == code, result.stdout + result.stderr
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("tandem "), lines[0]
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def table_rows(stdout: str) -> list[list[str]]:
@@ -184,7 +140,7 @@ def test_bad_input_is_one_line_exit_2_and_sends_nothing(
     args: list[str], needle: str, tripwire: tuple[str, socket.socket], tmp_path: Path
 ) -> None:
     url, sock = tripwire
-    result = tandem_in_process(*args, "--cdn", url, "--token", TOKEN)
+    result = tandem(*args, "--cdn", url, "--token", TOKEN)
     one_error_line(result, 2, needle)
     assert_nothing_connected(sock)
 
@@ -248,7 +204,7 @@ def test_the_url_and_token_come_from_the_environment(
     ],
 )
 def test_help_teaches_with_an_example(command: tuple[str, ...]) -> None:
-    result = tandem_in_process(*command, "--help")
+    result = tandem(*command, "--help")
     assert result.returncode == 0, result.stderr
     assert "Example: tandem" in result.stdout
     for option in ("--cdn", "--token", "TANDEM_CDN_URL", "TANDEM_CDN_ADMIN_TOKEN"):
