@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from model_cdn.registry import Registry, open_registry
+
 from ._brokers import MosquittoProcess
+from ._cdn import postgres_available, postgres_database
 from ._models import write_linear_classifier
 
 
@@ -29,3 +33,42 @@ def own_mosquitto(tmp_path: Path) -> Iterator[MosquittoProcess]:
 def linear_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small real ONNX classifier: x FP32[?, 16] -> logits FP32[?, 4]."""
     return write_linear_classifier(tmp_path_factory.mktemp("models") / "linear.onnx")
+
+
+# Registries over both backends: a test asking for ``registry`` runs on a SQLite file and on
+# a PostgreSQL schema of its own (skipped where PostgreSQL is not reachable).
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    reason = postgres_available()
+    if reason is not None:
+        pytest.skip(reason)
+    with postgres_database() as url:
+        yield url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def registry_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A registry URL with empty tables of the test's own."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'registry.db'}"
+        return
+    base: str = request.getfixturevalue("postgres_url")
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield f"{base}?options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def registry(registry_url: str) -> Iterator[Registry]:
+    reg = open_registry(registry_url)
+    yield reg
+    reg.close()

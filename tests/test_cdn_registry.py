@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,47 +26,10 @@ from model_cdn import (
 from model_cdn.registry import Registry, SqliteRegistry, open_registry
 from shared import ManifestError, SigningKey, verify_assignment, verify_manifest
 
-from ._cdn import make_assignment_doc, make_manifest_doc, postgres_available, postgres_database
+from ._cdn import make_assignment_doc, make_manifest_doc
 
 KEY = SigningKey(bytes(range(32)))
 VERSIONS = 5
-
-
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    reason = postgres_available()
-    if reason is not None:
-        pytest.skip(reason)
-    with postgres_database() as url:
-        yield url
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def registry_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A registry URL with empty tables of the test's own."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'registry.db'}"
-        return
-    base: str = request.getfixturevalue("postgres_url")
-    import uuid
-
-    import psycopg
-
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{schema}"')
-    try:
-        yield f"{base}?options=-csearch_path%3D{schema}"
-    finally:
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
-
-
-@pytest.fixture
-def registry(registry_url: str) -> Iterator[Registry]:
-    reg = open_registry(registry_url)
-    yield reg
-    reg.close()
 
 
 def test_versions_only_grow_even_past_deleted_ones(registry: Registry) -> None:
