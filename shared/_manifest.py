@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -62,6 +63,7 @@ __all__ = [
     "DeltaRef",
     "ModelManifest",
     "TensorRecord",
+    "claimed_version",
     "decode_sample",
     "encode_sample",
     "format_time",
@@ -76,6 +78,20 @@ MAX_SMOKE_BYTES = 1024 * 1024  # decoded smoke-test tensors in all: what zstd ma
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _METHOD = re.compile(r"[a-z0-9][a-z0-9.+-]{0,39}")
 _FORMATS = frozenset({"onnx", "tflite"})
+
+
+def claimed_version(raw: bytes | str) -> int | None:
+    """The version an unverified signed document claims, or None: only to label a report
+    about refusing it (never to act on)."""
+    if len(raw) > MAX_DOCUMENT_BYTES:
+        return None
+    try:
+        version = json.loads(raw)["signed"]["version"]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
+    if isinstance(version, int) and not isinstance(version, bool) and version >= 1:
+        return version
+    return None
 
 
 def format_time(moment: datetime) -> str:

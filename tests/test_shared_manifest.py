@@ -331,3 +331,19 @@ def test_status_report_round_trip_and_garbage() -> None:
     for bad in (b"[]", b"{", b'{"type": "update-status", "device": "../x"}', b"x" * 20000):
         with pytest.raises(ManifestError):
             UpdateStatus.from_json(bad)
+
+
+def test_claimed_version_reads_unverified_documents_only_as_a_label() -> None:
+    from shared import claimed_version
+
+    assert claimed_version(b'{"signed": {"version": 7}, "signatures": []}') == 7
+    for raw in (
+        b"not json",
+        b"[]",
+        b'{"signed": {"version": true}}',
+        b'{"signed": {"version": 0}}',
+        b'{"signed": {"version": "7"}}',
+        b"[" * 100_000,
+        b" " * (2 * 1024 * 1024),
+    ):
+        assert claimed_version(raw) is None

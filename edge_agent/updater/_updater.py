@@ -28,7 +28,6 @@ process there.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import threading
 import time
@@ -44,6 +43,7 @@ from shared import (
     Topics,
     UpdateState,
     UpdateStatus,
+    claimed_version,
     create_client,
     format_time,
     resolve_protocol,
@@ -262,7 +262,7 @@ class ModelUpdater:
                 assignment = self._trust.accept_assignment(raw)
             except UntrustedUpdateError as e:
                 self._remember(self._settled, key, None)
-                version = _claimed_version(raw) or self.running_version
+                version = claimed_version(raw) or self.running_version
                 self._fail(version, str(e), None)
                 return
             if assignment.version == self.running_version:
@@ -399,14 +399,3 @@ class ModelUpdater:
 
 def _key(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
-
-
-def _claimed_version(raw: bytes) -> int | None:
-    """The version an (unverified) assignment claims, only to label its failure report."""
-    try:
-        version = json.loads(raw)["signed"]["version"]
-    except (ValueError, KeyError, TypeError, RecursionError):
-        return None
-    if isinstance(version, int) and not isinstance(version, bool) and version >= 1:
-        return version
-    return None

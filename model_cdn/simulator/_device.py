@@ -24,7 +24,6 @@ a successful install, and then the telemetry counters start again from zero
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -40,6 +39,7 @@ from shared import (
     PublicKey,
     UpdateState,
     UpdateStatus,
+    claimed_version,
     format_time,
     parse_time,
     verify_assignment,
@@ -211,7 +211,7 @@ class SimulatedDevice:
         try:
             assignment = self._accept(payload)
         except SimulatorError as e:
-            version = _claimed_version(payload) or self.running_version
+            version = claimed_version(payload) or self.running_version
             return AssignmentDecision(report=self._failed(version, str(e), None, now))
         if assignment.version == self.running_version:
             return AssignmentDecision()
@@ -389,14 +389,3 @@ def _binomial(rng: random.Random, n: int, p: float) -> int:
         return sum(rng.random() < p for _ in range(n))
     mean, sd = n * p, math.sqrt(n * p * (1 - p))
     return min(n, max(0, round(rng.gauss(mean, sd))))
-
-
-def _claimed_version(raw: bytes) -> int | None:
-    """The version an (unverified) assignment claims, only to label its failure report."""
-    try:
-        version = json.loads(raw)["signed"]["version"]
-    except (ValueError, KeyError, TypeError, RecursionError):
-        return None
-    if isinstance(version, int) and not isinstance(version, bool) and version >= 1:
-        return version
-    return None
