@@ -167,6 +167,7 @@ class RolloutController:
         """Start a rollout from the admin API's JSON body; nothing changes if it fails."""
         spec = self._spec_from(body)
         with self._lock:
+            self._drain()  # every device heard so far is a candidate
             busy = [
                 e.id
                 for e in self._entries.values()
