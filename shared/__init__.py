@@ -44,7 +44,7 @@ from ._errors import (
 )
 from ._fleet_report import DeviceReport
 from ._limits import Limits
-from ._logging import configure_logging
+from ._logging import configure_logging, quiet_loggers
 from ._manifest import (
     SPEC_VERSION,
     Assignment,
@@ -144,6 +144,7 @@ __all__ = [
     "parse_api_key",
     "parse_time",
     "publish_properties",
+    "quiet_loggers",
     "resolve_protocol",
     "shape_compatible",
     "sign_document",

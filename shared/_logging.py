@@ -15,13 +15,21 @@ handler it installed before and leaves any other handler alone.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json as _json
 import logging
 import sys
+from collections.abc import Iterator
 from typing import Any, TextIO
 
-__all__ = ["CONTEXT_FIELDS", "JsonFormatter", "TextFormatter", "configure_logging"]
+__all__ = [
+    "CONTEXT_FIELDS",
+    "JsonFormatter",
+    "TextFormatter",
+    "configure_logging",
+    "quiet_loggers",
+]
 
 CONTEXT_FIELDS = ("request_id", "device", "model", "model_version")
 LEVELS = ("debug", "info", "warning", "error", "critical")
@@ -95,3 +103,17 @@ def configure_logging(
     root.addHandler(handler)
     root.setLevel(numeric)
     return handler
+
+
+@contextlib.contextmanager
+def quiet_loggers(*names: str) -> Iterator[None]:
+    """Raise the named loggers to ERROR for the duration (e.g. the ONNX exporter's chatter)."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)

@@ -28,7 +28,6 @@ import contextlib
 import dataclasses
 import hashlib
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -40,6 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from shared import quiet_loggers
 
 from ._data import DigitSplits, load_digit_splits
 
@@ -422,20 +423,6 @@ def _random_shift(x: torch.Tensor, px: int, generator: torch.Generator) -> torch
     return padded[batch, 0, rows, cols].unsqueeze(1)
 
 
-@contextlib.contextmanager
-def _quiet(*logger_names: str) -> Iterator[None]:
-    """Raise the named loggers to ERROR for the duration (the exporter logs chatty warnings)."""
-    loggers = [logging.getLogger(name) for name in logger_names]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
-
-
 def _export(
     model: torch.nn.Module, path: Path, recipe: TrainingRecipe, splits: DigitSplits
 ) -> float:
@@ -449,7 +436,7 @@ def _export(
     import torch
 
     example = torch.from_numpy(np.array(splits.test_images[:2]))
-    with warnings.catch_warnings(), _quiet("torch.onnx", "torch.export", "torch._dynamo"):
+    with warnings.catch_warnings(), quiet_loggers("torch.onnx", "torch.export", "torch._dynamo"):
         # torch's own pytree deprecation, raised from inside the exporter (not our code).
         warnings.filterwarnings(
             "ignore",

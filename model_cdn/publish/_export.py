@@ -11,35 +11,20 @@ pipeline works without it.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import tempfile
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from shared import quiet_loggers
 
 from .._errors import PublishError
 
 __all__ = ["DEFAULT_OPSET", "export_torch"]
 
 DEFAULT_OPSET = 18  # the exporter's lowest; ONNX Runtime 1.18+ runs it everywhere
-
-
-@contextlib.contextmanager
-def _quiet(*logger_names: str) -> Iterator[None]:
-    """The exporter logs chatty warnings about decompositions it handles fine."""
-    loggers = [logging.getLogger(name) for name in logger_names]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
 
 
 def export_torch(
@@ -66,7 +51,7 @@ def export_torch(
         try:
             with (
                 warnings.catch_warnings(),
-                _quiet("torch.onnx", "torch.export", "torch._dynamo", "onnxscript"),
+                quiet_loggers("torch.onnx", "torch.export", "torch._dynamo", "onnxscript"),
                 torch.no_grad(),
             ):
                 # torch's own pytree deprecation, raised from inside the exporter.
