@@ -8,9 +8,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["ROOT", "one_error_line", "tandem"]
+__all__ = ["ROOT", "one_error_line", "tandem", "tandem_env"]
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def tandem_env(**extra: str) -> dict[str, str]:
+    """The environment for a real ``tandem`` process: no ``TANDEM_*`` variables of the
+    machine, this checkout importable, then ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(extra)
+    return env
 
 
 def tandem(
@@ -34,9 +43,7 @@ def tandem(
         return subprocess.CompletedProcess(
             list(args), result.exit_code, result.stdout, result.stderr
         )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    env["PYTHONPATH"] = str(ROOT)
-    env["COLUMNS"] = "200"  # rich tables and help stay on one line each
+    env = tandem_env(COLUMNS="200")  # rich tables and help stay on one line each
     return subprocess.run(
         [sys.executable, "-m", "tandem.cli", *args],
         cwd=cwd,

@@ -7,7 +7,6 @@ clock. Security tests are named after the attack they stage.
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
 import sys
@@ -27,16 +26,15 @@ from model_cdn.store import LocalBlobStore
 from shared import ApiKeyFile, ApiKeyGuard, digest, generate_api_key, parse_api_key
 
 from ._cdn import serve_in_thread
+from ._cli import tandem_env
 
-ROOT = Path(__file__).resolve().parents[1]
 ADMIN = "admin-s3cret"
 BLOB = b"model bytes" * 100
 BLOB_URL = f"/v1/blobs/{digest(BLOB)}"
 
 
 def tandem(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    env["PYTHONPATH"] = str(ROOT)
+    env = tandem_env()
     env["COLUMNS"] = "200"
     return subprocess.run(
         [sys.executable, "-m", "tandem.cli", *args],

@@ -8,7 +8,6 @@ failure must be exactly one line on stderr.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import stat
 import subprocess
@@ -33,7 +32,7 @@ from shared import (
 
 from ._brokers import MosquittoProcess, free_port, wait_for_port
 from ._cdn import make_manifest_doc, receive_retained
-from ._cli import ROOT, one_error_line, tandem
+from ._cli import one_error_line, tandem, tandem_env
 
 
 def table_rows(stdout: str) -> list[list[str]]:
@@ -223,8 +222,8 @@ def test_cdn_serve_serves_until_stopped(keys: Path, tmp_path: Path) -> None:
     registry.add_version(make_manifest_doc(key, "mnist", 1))
     registry.close()
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    env.update(PYTHONPATH=str(ROOT), TANDEM_CDN_ADMIN_TOKEN="t0ken")
+    env = tandem_env()
+    env.update(TANDEM_CDN_ADMIN_TOKEN="t0ken")
     server = subprocess.Popen(
         [
             sys.executable,

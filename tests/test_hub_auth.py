@@ -7,7 +7,6 @@ the attack they stage.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -21,17 +20,16 @@ from cloud_hub import Hub
 from cloud_hub.http import HttpServer, create_app
 from shared import ApiKeyFile, ApiKeyGuard, generate_api_key
 
+from ._cli import tandem_env
 from ._hub_http_kit import WAIT_S, hub_fixture, infer_json, rows
 
 __all__ = ["hub_fixture"]
 
-ROOT = Path(__file__).resolve().parents[1]
 INFER = "/v2/models/linear/infer"
 
 
 def tandem(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    env["PYTHONPATH"] = str(ROOT)
+    env = tandem_env()
     return subprocess.run(
         [sys.executable, "-m", "tandem.cli", *args],
         cwd=cwd,

@@ -7,7 +7,6 @@ message never arrives within a bounded wait.
 
 from __future__ import annotations
 
-import os
 import queue
 import signal
 import stat
@@ -36,16 +35,15 @@ from model_cdn._mqtt_acl import (
 from shared import ConfigError
 
 from ._brokers import MosquittoProcess
+from ._cli import tandem_env
 
-ROOT = Path(__file__).resolve().parents[1]
 P = "tandem/v1"
 QUIET_S = 0.4  # after a positive control, this long without a message means "not delivered"
 WAIT_S = 5.0  # bound on waiting for something that should happen
 
 
 def tandem(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    env["PYTHONPATH"] = str(ROOT)
+    env = tandem_env()
     env["COLUMNS"] = "200"
     return subprocess.run(
         [sys.executable, "-m", "tandem.cli", *args],

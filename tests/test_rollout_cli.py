@@ -11,7 +11,6 @@ end-to-end cases against the real CDN are in ``test_rollout_cli_e2e.py``.
 from __future__ import annotations
 
 import io
-import os
 import socket
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from ._brokers import free_port
-from ._cli import ROOT, one_error_line, tandem
+from ._cli import one_error_line, tandem, tandem_env
 
 TOKEN = "t0ken-for-tests"
 
@@ -143,8 +142,8 @@ def test_the_url_and_token_come_from_the_environment(
     tripwire: tuple[str, socket.socket], tmp_path: Path
 ) -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    env.update(PYTHONPATH=str(ROOT), TANDEM_CDN_URL=url, TANDEM_CDN_ADMIN_TOKEN="bad token")
+    env = tandem_env()
+    env.update(TANDEM_CDN_URL=url, TANDEM_CDN_ADMIN_TOKEN="bad token")
     run = [sys.executable, "-m", "tandem.cli", "rollout", "list"]
     bad = subprocess.run(run, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     one_error_line(bad, 2, "admin token")

@@ -44,7 +44,7 @@ from shared import (
 
 from ._brokers import MosquittoProcess, free_port
 from ._cdn import make_manifest_doc, serve_in_thread
-from ._cli import ROOT, one_error_line, tandem
+from ._cli import one_error_line, tandem, tandem_env
 
 TOKEN = "t0ken-for-tests"
 
@@ -335,8 +335,8 @@ def test_ctrl_c_stops_watching_cleanly_and_the_rollout_goes_on(cdn: Cdn, tmp_pat
     started = cdn.run("rollout", "start", "mnist@3", "--waves", "1,100%", "--json", cwd=tmp_path)
     assert started.returncode == 0, started.stderr
     rid = json.loads(started.stdout)["id"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    env.update(PYTHONPATH=str(ROOT), COLUMNS="120", TANDEM_CDN_URL=cdn.url)
+    env = tandem_env()
+    env.update(COLUMNS="120", TANDEM_CDN_URL=cdn.url)
     env["TANDEM_CDN_ADMIN_TOKEN"] = TOKEN
     controller, terminal = pty.openpty()  # a terminal, so the live display draws at once
     watcher = subprocess.Popen(

@@ -10,7 +10,6 @@ stderr and exit code 2.
 
 from __future__ import annotations
 
-import os
 import signal
 import ssl
 import subprocess
@@ -32,10 +31,10 @@ from shared import SigningKey, TlsSettings, digest
 
 from ._brokers import free_port, wait_for_port
 from ._cdn import make_manifest_doc, serve_in_thread
+from ._cli import tandem_env
 from ._hub_http_kit import write_repo
 from ._pki import Pki, make_pki
 
-ROOT = Path(__file__).resolve().parents[1]
 BLOB = b"weights over TLS" * 1000
 
 
@@ -158,8 +157,8 @@ def test_hub_tls_files_that_do_not_match_fail_start(hub: Hub, pki: Pki) -> None:
 
 
 def tandem(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    env.update(PYTHONPATH=str(ROOT), COLUMNS="200")
+    env = tandem_env()
+    env.update(COLUMNS="200")
     return subprocess.run(
         [sys.executable, "-m", "tandem.cli", *args],
         cwd=cwd,
@@ -206,8 +205,7 @@ def test_tls_option_mistakes_are_one_line_and_exit_code_2(
 
 def test_cdn_serve_with_tls_cert_serves_https(pki: Pki, tmp_path: Path) -> None:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_")}
-    env["PYTHONPATH"] = str(ROOT)
+    env = tandem_env()
     server = subprocess.Popen(
         [
             sys.executable,
