@@ -14,6 +14,9 @@ because they share the cores with the server they measure:
 * ``InProcessLoad``: N asyncio tasks awaiting the futures of an in-process
   ``submit`` (a ``DynamicBatcher``'s), with no transport at all.
 
+``binary_infer_request`` builds the body and headers of a hub ``/infer``
+request with binary tensors (Triton's binary tensor data extension).
+
 ``run(n, warm_s, window_s)`` keeps n requests in flight for ``warm_s`` and
 then ``window_s`` seconds, and returns a ``Window``: the answers that
 arrived inside the window and their latencies. It then stops sending and
@@ -23,13 +26,42 @@ waits for the requests still in flight, so the next run starts clean.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["HttpLoad", "InProcessLoad", "MqttLoad", "Window"]
+import numpy as np
+
+__all__ = ["HttpLoad", "InProcessLoad", "MqttLoad", "Window", "binary_infer_request"]
+
+
+def binary_infer_request(input_name: str, x: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    """Body and headers of a hub ``/infer`` request with binary tensors both ways.
+
+    Triton's binary tensor data extension: a JSON header, then the raw bytes
+    of ``x`` as FP32; ``binary_data_output`` asks for the reply the same way.
+    """
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": input_name,
+                    "shape": list(x.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    headers = {
+        "Content-Type": "application/octet-stream",
+        "Inference-Header-Content-Length": str(len(header)),
+    }
+    return header + x.tobytes(), headers
 
 
 @dataclass

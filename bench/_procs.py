@@ -5,7 +5,9 @@ start it (``python -m cloud_hub``, ``HubProcess``) and the bench's own
 baselines (``python -m bench._baselines ...``: ``EchoProcess``,
 ``PlainServerProcess``). Every
 process logs to a file in the part's work directory, so a failure to start
-says why. ``write_model`` lays out a hub model repository entry.
+says why. ``write_model`` lays out a hub model repository entry; ``cpu_ns``,
+``children`` and ``hub_metrics`` read a running process's CPU time, child
+processes and (for a hub) Prometheus text.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ __all__ = [
     "EchoProcess",
     "HubProcess",
     "PlainServerProcess",
+    "children",
     "cpu_ns",
     "free_port",
+    "hub_metrics",
     "mosquitto_version",
     "profile",
     "profile_summary",
@@ -55,6 +59,25 @@ def cpu_ns(pid: int) -> int:
         with contextlib.suppress(OSError, ValueError, IndexError):  # a thread that just ended
             total += int((task / "schedstat").read_text().split()[0])
     return total
+
+
+def children(pid: int) -> list[int]:
+    """Child processes of ``pid`` (a hub's workers), from /proc."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def hub_metrics(port: int) -> str:
+    """The text of a hub's ``GET /metrics`` on loopback."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/metrics")
+        return conn.getresponse().read().decode()
+    finally:
+        conn.close()
 
 
 def profile(pid: int, seconds: float, rate_hz: int = 250) -> dict[str, Any] | None:
