@@ -8,35 +8,25 @@ Mosquitto carrying retained assignments and status reports, and one
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-import onnx
 import pytest
-from onnx import numpy_helper
 
-from edge_agent import DeviceModelStore, EdgeAgent, ModelUpdater
-from edge_agent.updater import CurrentPointer, TrustRecord
-from model_cdn import LocalBlobStore, create_app, make_assignment, open_registry, publish_model
+from edge_agent import EdgeAgent, ModelUpdater
+from model_cdn import create_app, make_assignment
 from shared import (
-    ModelManifest,
     MqttSettings,
-    SigningKey,
     Topics,
     UpdateState,
     UpdateStatus,
     create_client,
-    decompress_blob,
 )
-from tandem._data import load_digit_splits
-from tandem._training import build_demo_models
 
 from ._brokers import MosquittoProcess
 from ._cdn import serve_in_thread
+from ._demo_fleet import provision, publish_demo_versions
 from ._update_kit import wait_until
 
 MODEL = "mnist-edge"
@@ -44,51 +34,19 @@ DEVICES = [f"cam-{i}" for i in range(4)]
 ADMIN = "admin-secret"
 
 
-def _fine_tuned(float_onnx: Path, out: Path) -> Path:
-    """A plausible next version: the classifier head nudged (2% noise), the rest unchanged."""
-    model = onnx.load(str(float_onnx))
-    rng = np.random.default_rng(7)
-    head = max(
-        model.graph.initializer, key=lambda t: int(np.prod(t.dims)) if len(t.dims) == 2 else 0
-    )
-    weights = numpy_helper.to_array(head)
-    nudged = weights * (1 + 0.02 * rng.standard_normal(weights.shape)).astype(weights.dtype)
-    head.CopyFrom(numpy_helper.from_array(nudged.astype(weights.dtype), head.name))
-    onnx.save(model, str(out))
-    return out
-
-
-def _provision(store_dir: Path, registry: Any, store: LocalBlobStore) -> None:
-    """The device as it leaves the factory: v1 installed and committed."""
-    record = registry.get_version(MODEL, 1)
-    manifest = ModelManifest.from_dict(record.manifest["signed"])
-    raw = decompress_blob(store.get(manifest.blob.digest), manifest.blob.raw_size)
-    signed = json.dumps(record.manifest).encode()
-    device_store = DeviceModelStore(store_dir)
-    device_store.install(MODEL, manifest, signed, raw)
-    device_store.commit(MODEL, CurrentPointer(1, None, TrustRecord(1, None)))
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_a_fleet_updates_while_serving(tmp_path: Path, mosquitto: MosquittoProcess) -> None:
     import httpx
 
-    models = build_demo_models()
-    digits = load_digit_splits()
-    key = SigningKey.generate()
-    registry = open_registry(f"sqlite:///{tmp_path / 'registry.db'}")
-    store = LocalBlobStore(tmp_path / "blobs")
-    common: dict[str, Any] = dict(
-        name=MODEL,
-        registry=registry,
-        store=store,
-        signing_key=key,
-        calibration=digits.calibration_images,
-        validation=(digits.test_images, digits.test_labels),
+    versions = publish_demo_versions(tmp_path, MODEL)
+    key, registry, store, digits = (
+        versions.key,
+        versions.registry,
+        versions.store,
+        versions.digits,
     )
-    v1 = publish_model(models.edge_float_onnx, **common)
-    v2 = publish_model(_fine_tuned(models.edge_float_onnx, tmp_path / "v2.onnx"), **common)
+    v1, v2 = versions.published
     assert (v1.manifest.version, v2.manifest.version) == (1, 2)
     assert v2.manifest.deltas and v2.manifest.deltas[0].from_version == 1
 
@@ -129,7 +87,7 @@ def test_a_fleet_updates_while_serving(tmp_path: Path, mosquitto: MosquittoProce
     with serve_in_thread(app) as cdn_url:
         for device in DEVICES:
             store_dir = tmp_path / device
-            _provision(store_dir, registry, store)
+            provision(store_dir, versions)
             runtime = ModelUpdater.bootstrap(store_dir, [key.public_key], MODEL)
             agent = EdgeAgent(runtime, device_id=device)
             updater = ModelUpdater(

@@ -18,16 +18,14 @@ import httpx
 import pytest
 
 from edge_agent import EdgeAgent, ModelUpdater, TelemetryReporter
-from model_cdn import LocalBlobStore, create_app, open_registry, publish_model
+from model_cdn import create_app
 from model_cdn.rollout._service import FleetService
-from shared import MqttSettings, SigningKey, Topics
-from tandem._data import load_digit_splits
-from tandem._training import build_demo_models
+from shared import MqttSettings, Topics
 
 from ._brokers import MosquittoProcess
 from ._cdn import serve_in_thread
+from ._demo_fleet import provision, publish_demo_versions
 from ._update_kit import wait_until
-from .test_fleet_update import _fine_tuned, _provision
 
 MODEL = "mnist-edge"
 ADMIN = "admin-secret"
@@ -39,21 +37,13 @@ SITES = {"cam-0": "north", "cam-1": "north", "cam-2": "north", "cam-3": "south"}
 def test_real_devices_take_a_staged_rollout_of_their_target_only(
     tmp_path: Path, mosquitto: MosquittoProcess
 ) -> None:
-    models = build_demo_models()
-    digits = load_digit_splits()
-    key = SigningKey.generate()
-    registry = open_registry(f"sqlite:///{tmp_path / 'registry.db'}")
-    store = LocalBlobStore(tmp_path / "blobs")
-    common: dict[str, Any] = dict(
-        name=MODEL,
-        registry=registry,
-        store=store,
-        signing_key=key,
-        calibration=digits.calibration_images,
-        validation=(digits.test_images, digits.test_labels),
+    versions = publish_demo_versions(tmp_path, MODEL)
+    key, registry, store, digits = (
+        versions.key,
+        versions.registry,
+        versions.store,
+        versions.digits,
     )
-    publish_model(models.edge_float_onnx, **common)
-    publish_model(_fine_tuned(models.edge_float_onnx, tmp_path / "v2.onnx"), **common)
 
     settings = MqttSettings.from_url(mosquitto.url)
     topics = Topics("rollout-real/v1")
@@ -87,7 +77,7 @@ def test_real_devices_take_a_staged_rollout_of_their_target_only(
         ):
             for device, site in SITES.items():
                 store_dir = tmp_path / device
-                _provision(store_dir, registry, store)
+                provision(store_dir, versions)
                 runtime = ModelUpdater.bootstrap(store_dir, [key.public_key], MODEL)
                 agent = EdgeAgent(
                     runtime,
