@@ -19,11 +19,13 @@ from ._apikeys import (
     parse_api_key,
 )
 from ._blobs import apply_delta, compress_blob, decompress_blob, digest, make_delta
+from ._cdn_paths import DIGEST_PATTERN, CdnPaths
 from ._envelope import (
     FORMAT_MAJOR,
     FORMAT_MINOR,
     MAGIC,
     Message,
+    ReplyTiming,
     decode_header,
     decode_message,
     encode_message,
@@ -43,7 +45,7 @@ from ._errors import (
     UnsupportedVersionError,
 )
 from ._fleet_report import DeviceReport
-from ._limits import Limits
+from ._limits import MAX_BLOB_BYTES, MAX_DOCUMENT_BYTES, Limits
 from ._logging import configure_logging, quiet_loggers
 from ._manifest import (
     SPEC_VERSION,
@@ -63,6 +65,7 @@ from ._manifest import (
 from ._mqtt import MqttSettings, TlsSettings, create_client, publish_properties, resolve_protocol
 from ._signing import PublicKey, SigningKey, canonical_json, sign_document, verify_signed
 from ._status import UpdateState, UpdateStatus
+from ._tensor_spec import TensorSpec
 from ._tensors import (
     DATATYPES,
     ONNX_DATATYPES,
@@ -78,9 +81,12 @@ from ._topics import NAME_PATTERN, Topics, validate_name
 __all__ = [
     "API_KEY_SCOPES",
     "DATATYPES",
+    "DIGEST_PATTERN",
     "FORMAT_MAJOR",
     "FORMAT_MINOR",
     "MAGIC",
+    "MAX_BLOB_BYTES",
+    "MAX_DOCUMENT_BYTES",
     "NAME_PATTERN",
     "ONNX_DATATYPES",
     "SPEC_VERSION",
@@ -90,6 +96,7 @@ __all__ = [
     "ApiKeyGuard",
     "Assignment",
     "BlobRef",
+    "CdnPaths",
     "ConfigError",
     "DeltaRef",
     "DeviceReport",
@@ -106,12 +113,14 @@ __all__ = [
     "ProtocolError",
     "PublicKey",
     "RateLimitedError",
+    "ReplyTiming",
     "ScopeError",
     "SignatureError",
     "SigningKey",
     "TandemError",
     "TensorError",
     "TensorRecord",
+    "TensorSpec",
     "TlsSettings",
     "TokenBucket",
     "Topics",

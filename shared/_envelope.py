@@ -47,6 +47,7 @@ __all__ = [
     "FORMAT_MINOR",
     "MAGIC",
     "Message",
+    "ReplyTiming",
     "decode_header",
     "decode_message",
     "encode_message",
@@ -79,6 +80,47 @@ _MAX_HEADER_DEPTH = 32
 
 def new_request_id() -> str:
     return uuid.uuid4().hex
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplyTiming:
+    """Where a reply's time went inside the hub, in milliseconds (the header's ``timing``).
+
+    ``queue_ms``: from receipt until its batch started computing; ``compute_ms``:
+    that batch's compute; ``hub_ms``: from receipt until the reply was encoded
+    (the device subtracts it from its round trip to estimate the network).
+    Other keys a newer hub sends are kept in ``extra``.
+    """
+
+    queue_ms: float = 0.0
+    compute_ms: float = 0.0
+    hub_ms: float | None = None  # None: queue_ms + compute_ms
+    extra: dict[str, float] = field(default_factory=dict)
+
+    _KEYS = ("queue_ms", "compute_ms", "hub_ms")
+
+    @property
+    def total_ms(self) -> float:
+        """``hub_ms``, or what queue and compute add up to when the hub did not say."""
+        return self.queue_ms + self.compute_ms if self.hub_ms is None else self.hub_ms
+
+    def to_dict(self) -> dict[str, float]:
+        timing = dict(self.extra)
+        timing["queue_ms"] = round(self.queue_ms, 3)
+        timing["compute_ms"] = round(self.compute_ms, 3)
+        if self.hub_ms is not None:
+            timing["hub_ms"] = round(self.hub_ms, 3)
+        return timing
+
+    @classmethod
+    def from_dict(cls, timing: dict[str, float]) -> ReplyTiming:
+        hub_ms = timing.get("hub_ms")
+        return cls(
+            queue_ms=float(timing.get("queue_ms", 0.0)),
+            compute_ms=float(timing.get("compute_ms", 0.0)),
+            hub_ms=None if hub_ms is None else float(hub_ms),
+            extra={k: v for k, v in timing.items() if k not in cls._KEYS},
+        )
 
 
 @dataclass(kw_only=True)
@@ -130,6 +172,11 @@ class Message:
     def ok(self) -> bool:
         return self.error is ErrorCode.OK
 
+    @property
+    def reply_timing(self) -> ReplyTiming:
+        """``timing`` read as the hub's ``ReplyTiming``."""
+        return ReplyTiming.from_dict(self.timing)
+
     def reply(
         self,
         *,
@@ -137,9 +184,11 @@ class Message:
         error: ErrorCode = ErrorCode.OK,
         error_message: str = "",
         model_version: str | None = None,
-        timing: dict[str, float] | None = None,
+        timing: ReplyTiming | dict[str, float] | None = None,
     ) -> Message:
         """The reply to this request, correlated by id."""
+        if isinstance(timing, ReplyTiming):
+            timing = timing.to_dict()
         return Message(
             kind="reply",
             request_id=self.request_id,

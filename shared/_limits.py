@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Limits"]
+__all__ = ["MAX_BLOB_BYTES", "MAX_DOCUMENT_BYTES", "Limits"]
 
 MiB = 1024 * 1024
+
+MAX_DOCUMENT_BYTES = 1 * MiB
+"""A signed document (manifest, assignment): what the CDN stores and serves, what devices
+read and parse. Both ends refuse larger ones before parsing."""
+
+MAX_BLOB_BYTES = 1024 * MiB
+"""A model blob as stored and served (compressed): the CDN refuses larger uploads and
+devices refuse manifests that declare more."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -51,8 +51,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ._blobs import DELTA_METHODS, compress_blob, decompress_blob
-from ._errors import ExpiredError, ManifestError
+from ._cdn_paths import DIGEST_PATTERN
+from ._errors import ExpiredError, ManifestError, TensorError
+from ._limits import MAX_DOCUMENT_BYTES
 from ._signing import PublicKey, canonical_json, verify_signed
+from ._tensor_spec import TensorSpec
 from ._tensors import DATATYPES, datatype_of
 from ._topics import NAME_PATTERN
 
@@ -73,9 +76,7 @@ __all__ = [
 ]
 
 SPEC_VERSION = "1.0"
-MAX_DOCUMENT_BYTES = 1024 * 1024
 MAX_SMOKE_BYTES = 1024 * 1024  # decoded smoke-test tensors in all: what zstd may expand to
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _METHOD = re.compile(r"[a-z0-9][a-z0-9.+-]{0,39}")
 _FORMATS = frozenset({"onnx", "tflite"})
 
@@ -140,14 +141,14 @@ class BlobRef:
         if not isinstance(d, dict):
             raise ManifestError(f"{what} must be an object")
         digest = d.get("digest")
-        if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        if not isinstance(digest, str) or not DIGEST_PATTERN.fullmatch(digest):
             raise ManifestError(f"{what}.digest must be 'sha256:<64 hex>', got {digest!r:.80}")
         compression = d.get("compression", "zstd")
         if compression not in ("zstd", "none"):
             raise ManifestError(f"{what}.compression must be zstd or none, got {compression!r}")
         raw_digest = d.get("raw_digest")
         if raw_digest is not None and (
-            not isinstance(raw_digest, str) or not _DIGEST.fullmatch(raw_digest)
+            not isinstance(raw_digest, str) or not DIGEST_PATTERN.fullmatch(raw_digest)
         ):
             raise ManifestError(f"{what}.raw_digest must be 'sha256:<64 hex>'")
         return cls(
@@ -197,7 +198,7 @@ class DeltaRef:
         if not isinstance(d, dict):
             raise ManifestError("deltas[] must be objects")
         digest = d.get("digest")
-        if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+        if not isinstance(digest, str) or not DIGEST_PATTERN.fullmatch(digest):
             raise ManifestError(f"deltas[].digest must be 'sha256:<64 hex>', got {digest!r:.80}")
         compression = d.get("compression", "zstd-patch")
         if not isinstance(compression, str) or not _METHOD.fullmatch(compression):
@@ -221,34 +222,17 @@ class DeltaRef:
         }
 
 
-@dataclass(frozen=True)
-class TensorRecord:
-    name: str
-    datatype: str
-    shape: tuple[int | None, ...]
+TensorRecord = TensorSpec
+"""Deprecated alias of ``shared.TensorSpec`` (what manifests called their tensor specs)."""
 
-    @classmethod
-    def from_dict(cls, d: object) -> TensorRecord:
-        if not isinstance(d, dict):
-            raise ManifestError("a tensor spec must be an object")
-        name, datatype, shape = d.get("name"), d.get("datatype"), d.get("shape")
-        if not isinstance(name, str) or not 0 < len(name) <= 256:
-            raise ManifestError(f"tensor name must be a string of 1-256 characters: {name!r:.60}")
-        if datatype not in DATATYPES:
-            raise ManifestError(f"tensor {name!r}: unknown datatype {datatype!r}")
-        if (
-            not isinstance(shape, list)
-            or len(shape) > 8
-            or not all(
-                s is None or (isinstance(s, int) and not isinstance(s, bool) and s >= 0)
-                for s in shape
-            )
-        ):
-            raise ManifestError(f"tensor {name!r}: shape must be a list of ints or null")
-        return cls(name, datatype, tuple(shape))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+def _tensor_specs(items: object, what: str) -> tuple[TensorSpec, ...]:
+    if not isinstance(items, list):
+        raise ManifestError(f"{what} must be a list of tensor specs")
+    try:
+        return tuple(TensorSpec.from_dict(x) for x in items)
+    except TensorError as e:
+        raise ManifestError(f"{what}: {e}") from None
 
 
 def encode_sample(array: np.ndarray, *, compress: bool = False) -> dict[str, Any]:
@@ -342,8 +326,8 @@ class ModelManifest:
     blob: BlobRef
     published_at: str
     expires_at: str
-    inputs: tuple[TensorRecord, ...] = ()
-    outputs: tuple[TensorRecord, ...] = ()
+    inputs: tuple[TensorSpec, ...] = ()
+    outputs: tuple[TensorSpec, ...] = ()
     requires: dict[str, Any] = field(default_factory=dict)
     labels: tuple[str, ...] | None = None
     deltas: tuple[DeltaRef, ...] = ()
@@ -411,8 +395,8 @@ class ModelManifest:
             version=d.get("version"),  # type: ignore[arg-type]
             format=d.get("format"),  # type: ignore[arg-type]
             requires=d.get("requires", {}),
-            inputs=tuple(TensorRecord.from_dict(x) for x in d.get("inputs", [])),
-            outputs=tuple(TensorRecord.from_dict(x) for x in d.get("outputs", [])),
+            inputs=_tensor_specs(d.get("inputs", []), "inputs"),
+            outputs=_tensor_specs(d.get("outputs", []), "outputs"),
             labels=tuple(labels) if labels is not None else None,
             blob=BlobRef.from_dict(d.get("blob")),
             deltas=tuple(DeltaRef.from_dict(x) for x in d.get("deltas", [])),
