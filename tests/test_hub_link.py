@@ -31,7 +31,6 @@ from cloud_hub._records import (
     write_reply,
     write_request,
 )
-from cloud_hub._ring import RingReader, RingWriter, create_ring_fd
 from shared import DATATYPES, ErrorCode, TensorSpec
 
 NUMERIC = [d for d in DATATYPES if d != "BYTES"]
