@@ -25,7 +25,7 @@ offloads and agreement. Setting ``runtime`` (``swap_model`` does) starts new
 counters; a call counts towards the model it started with. ``snapshot()``
 is the public view of all counters that telemetry reads. The number of calls
 running the local model (the queue depth that predicts local latency) is an
-``InflightCounter``, exact under concurrent calls without a lock.
+``InflightCounter``: every entry and exit counted under concurrent calls, no lock.
 
 The local path is the hot path (its Python work is what the agent adds to a
 runtime call): it builds only the objects it returns, reuses constant
