@@ -1,8 +1,9 @@
 """What an agent reports: ``AgentMetrics`` (its telemetry) and ``TelemetryReporter``.
 
 ``AgentMetrics.from_snapshot`` turns the agent's public ``AgentSnapshot``
-(``agent.snapshot()``, see ``_telemetry``) into the telemetry document; this
-module reads nothing else of the agent, so it imports no agent module.
+(``agent.snapshot()``, see ``_telemetry``) into the telemetry document. The
+reporter needs only an agent's public ``device_id``, ``uplink`` and
+``metrics()`` (``ReportingAgent``), so this module imports no agent module.
 
 ``AgentMetrics`` serialises (schema 2) to an object that is also a valid
 ``shared.DeviceReport``: the top-level ``requests``, ``agreement_samples``
