@@ -198,11 +198,14 @@ class ExecutorLink:
         ingress_id: str,
         on_reply: ReplyHandler,
         ring_bytes: int = DEFAULT_RING_BYTES,
+        copy_replies: bool = False,
     ) -> None:
         self.address = address
         self.ingress_id = ingress_id
         self.on_reply = on_reply
         self.ring_bytes = ring_bytes
+        # False: a reply's arrays are views into the ring, valid during ``on_reply`` only.
+        self.copy_replies = copy_replies
         self.info: ModelInfo | None = None
         self._channel: _Channel | None = None
         self._writer: RingWriter | None = None
@@ -303,7 +306,7 @@ class ExecutorLink:
         reader.announce(head)
         for tag, view in reader.records():
             if tag == REPLY:
-                self.on_reply(read_reply(view, copy=False))
+                self.on_reply(read_reply(view, copy=self.copy_replies))
             view.release()
         self._ack_if_due()
 

@@ -29,7 +29,7 @@ Invariants of ``RequestQueue.take(now)``:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +105,13 @@ class RequestQueue:
         items = list(self._items)
         self._items.clear()
         return items
+
+    def discard(self, doomed: Callable[[PendingRequest], bool]) -> list[PendingRequest]:
+        """Remove and return the requests ``doomed`` picks (the others keep their order)."""
+        removed = [r for r in self._items if doomed(r)]
+        if removed:
+            self._items = deque(r for r in self._items if not doomed(r))
+        return removed
 
     def take(self, now: float, *, flush: bool = False, idle: bool = False) -> Take:
         result = Take()
