@@ -115,14 +115,14 @@ def _render(report: DemoReport, console: Console) -> None:
     delivery = report.delivery
     installed = sum(d.state == "installed" for d in delivery.devices)
     console.print(
-        f"CDN: published {delivery.label} ({delivery.blob_bytes:,} bytes compressed, "
-        f"{delivery.model_bytes:,} bytes INT8 ONNX, {delivery.agreement:.2%} agreement with "
-        f"float), signed; {installed}/{len(delivery.devices)} devices installed it "
-        f"(manifest {delivery.manifest_digest[:19]}…)"
+        f"CDN: published {delivery.label}, signed: {delivery.blob_bytes:,} bytes "
+        f"(INT8 ONNX {delivery.model_bytes:,}, zstd)\n"
+        f"     {installed}/{len(delivery.devices)} devices installed it: signature, digest "
+        "and smoke test checked"
     )
     table = Table(
-        title=f"{len(report.labels)} test digits, {len(delivery.devices)} edge agents "
-        f"({delivery.label} from the CDN), broker: {report.broker}"
+        title=f"{len(report.labels)} test digits, {len(delivery.devices)} edge agents, "
+        f"broker: {report.broker}"
     )
     columns = ("mode", "accuracy", "offloaded", "p50 ms", "p99 ms", "fallbacks", "late")
     for column in columns:
