@@ -149,7 +149,7 @@ def test_a_killed_process_is_restarted_and_nothing_is_answered_wrongly(
                 return len(ok) >= 5
 
             wait_until(served_again, what="the hub serving again")
-            ok, errors = requester.check_correct()  # every answer is its own request's
+            ok, _errors = requester.check_correct()  # every answer is its own request's
             assert ok >= 5
             for request_id in first + during:  # an answer in the crash's shadow: right or refused
                 reply = requester.replies.get(request_id)
