@@ -4,8 +4,12 @@
   compressed, signed, stored and registered.
 - ``open_registry`` / ``Registry``: versions, manifests and assignments
   (SQLite or PostgreSQL); ``open_store`` / ``BlobStore``: content-addressed blobs.
-- ``create_app``: the HTTP API devices download from.
-- ``make_assignment`` / ``publish_assignment``: tell a device which version to run.
+- ``add_version`` / ``delete_version`` / ``assign_version``: the write operations,
+  one code path each for the HTTP API and the CLI (``_operations``).
+- ``AssignmentPublisher``: the one way an assignment leaves the CDN (stored,
+  then published retained over MQTT); ``make_assignment`` signs one.
+  ``publish_assignment`` is deprecated.
+- ``create_app``: the HTTP API devices download from (``model_cdn.http``).
 
 Light to import: the HTTP server (FastAPI) and the publish pipeline (onnx,
 onnxruntime) load on first use of their names, PostgreSQL support on first
@@ -20,20 +24,28 @@ import typing as _typing
 from ._admin_client import AdminApiError
 from ._assign import make_assignment, publish_assignment
 from ._errors import (
+    AssignmentNotPublishedError,
     AuthError,
     BlobNotFoundError,
+    BrokerError,
     CdnError,
     DeviceNotFoundError,
+    DocumentRejectedError,
     InvalidNameError,
     ModelNotFoundError,
     PublishError,
     QuantizationError,
     RegistryError,
+    RolloutConflictError,
     RolloutNotFoundError,
+    RolloutRequestError,
+    RolloutStateError,
     StoreError,
     ValidationError,
     VersionConflictError,
 )
+from ._operations import AssignResult, add_version, assign_version, delete_version
+from ._publisher import AssignmentLink, AssignmentPublisher
 from .registry import Registry, VersionRecord, open_registry
 from .store import BlobStore, LocalBlobStore, open_store
 
@@ -43,11 +55,17 @@ if _typing.TYPE_CHECKING:
 
 __all__ = [
     "AdminApiError",
+    "AssignResult",
+    "AssignmentLink",
+    "AssignmentNotPublishedError",
+    "AssignmentPublisher",
     "AuthError",
     "BlobNotFoundError",
     "BlobStore",
+    "BrokerError",
     "CdnError",
     "DeviceNotFoundError",
+    "DocumentRejectedError",
     "InvalidNameError",
     "LocalBlobStore",
     "ModelNotFoundError",
@@ -56,12 +74,18 @@ __all__ = [
     "QuantizationError",
     "Registry",
     "RegistryError",
+    "RolloutConflictError",
     "RolloutNotFoundError",
+    "RolloutRequestError",
+    "RolloutStateError",
     "StoreError",
     "ValidationError",
     "VersionConflictError",
     "VersionRecord",
+    "add_version",
+    "assign_version",
     "create_app",
+    "delete_version",
     "load_samples",
     "make_assignment",
     "open_registry",

@@ -63,30 +63,31 @@ from shared import (
     PublicKey,
     TandemError,
     Topics,
-    verify_assignment,
-    verify_manifest,
 )
 
-from ._assign import publish_assignment
 from ._auth import AuthDenied, CdnAuth
 from ._errors import (
+    AssignmentNotPublishedError,
     AuthError,
     BlobNotFoundError,
     CdnError,
     DeviceNotFoundError,
+    DocumentRejectedError,
     InvalidNameError,
     ModelNotFoundError,
     RegistryError,
+    RolloutConflictError,
     RolloutNotFoundError,
+    RolloutStateError,
     StoreError,
     VersionConflictError,
 )
+from ._operations import add_version, assign_version, delete_version
+from ._publisher import AssignmentPublisher
 from ._ranges import RangeNotSatisfiableError, etag_matches, plan_range
 from ._rollout_routes import add_rollout_routes
 from .registry import Registry
-from .registry._rows import assignment_fields, check_name, dump_document, manifest_fields
-from .rollout import RolloutStateError
-from .rollout._controller import RolloutConflictError
+from .registry._rows import check_name, dump_document
 from .store import BlobStore, check_digest
 
 __all__ = ["create_app"]
@@ -120,6 +121,8 @@ def _status_of(error: TandemError) -> int:
     """The HTTP status of one of our own errors (most specific first)."""
     for kind, status in (
         (InvalidNameError, 400),
+        (DocumentRejectedError, 400),
+        (AssignmentNotPublishedError, 502),
         (AuthError, 403),
         (ManifestError, 400),  # includes SignatureError and ExpiredError
         (ModelNotFoundError, 404),
@@ -200,6 +203,7 @@ def create_app(
     max_blob_bytes: int = MAX_BLOB_BYTES,
     api_keys: ApiKeyGuard | None = None,
     controller: RolloutController | None = None,
+    publisher: AssignmentPublisher | None = None,
 ) -> FastAPI:
     """The CDN app over ``registry`` and ``store``.
 
@@ -222,6 +226,11 @@ def create_app(
     if metrics is not None and controller is not None:
         metrics.watch_rollouts(controller)
     keys = list(trusted_keys) if trusted_keys else None
+    if publisher is None and controller is not None:
+        publisher = controller.publisher
+    if publisher is None and mqtt is not None:
+        publisher = AssignmentPublisher.connect(mqtt, topics, lazy=True)
+    app.state.publisher = publisher
 
     # -- errors ------------------------------------------------------------
 
@@ -389,22 +398,12 @@ def create_app(
         )
 
     @app.post("/v1/models/{name}/versions", dependencies=publish)
-    async def add_version(name: str, request: Request) -> Response:
+    async def post_version(name: str, request: Request) -> Response:
         check_name(name, "model name")
         doc = await _read_json(request)
 
         def add() -> dict[str, Any]:
-            parsed = verify_manifest(doc, keys) if keys else manifest_fields(doc)
-            if parsed.name != name:
-                raise HttpError(400, f"the manifest is for model {parsed.name!r}, not {name!r}")
-            if parsed.expired():
-                raise HttpError(400, f"the manifest expired at {parsed.expires_at}")
-            for needed in [parsed.blob.digest, *(d.digest for d in parsed.deltas)]:
-                if not store.exists(needed):
-                    raise HttpError(
-                        400, f"blob {needed} is not in the store: PUT /v1/blobs/{needed} first"
-                    )
-            record = registry.add_version(doc)
+            record = add_version(registry, store, doc, trusted_keys=keys, name=name)
             return {
                 "name": record.name,
                 "version": record.version,
@@ -415,9 +414,9 @@ def create_app(
         return JSONResponse(await run_in_threadpool(add), status_code=201)
 
     @app.delete("/v1/models/{name}/versions/{version}", dependencies=publish)
-    def delete_version(name: str, version: str) -> dict[str, Any]:
+    def remove_version(name: str, version: str) -> dict[str, Any]:
         number = _version(version)
-        registry.delete_version(check_name(name, "model name"), number)
+        delete_version(registry, name, number)
         return {"deleted": {"name": name, "version": number}}
 
     @app.put("/v1/devices/{device}/assignments/{model}", dependencies=rollout)
@@ -425,30 +424,10 @@ def create_app(
         doc = await _read_json(request)
 
         def assign() -> dict[str, Any]:
-            parsed = verify_assignment(doc, keys) if keys else assignment_fields(device, model, doc)
-            if (parsed.device, parsed.model) != (device, model):
-                raise HttpError(
-                    400,
-                    f"the assignment is for {parsed.device}/{parsed.model}, not {device}/{model}",
-                )
-            if parsed.expired():
-                raise HttpError(400, f"the assignment expired at {parsed.expires_at}")
-            try:
-                registry.get_version(model, parsed.version)
-            except ModelNotFoundError as e:
-                raise HttpError(404, f"no version {model}@{parsed.version} to assign") from e
-            registry.put_assignment(device, model, doc)
-            if mqtt is not None:
-                try:
-                    publish_assignment(mqtt, topics, device, doc)
-                except CdnError as e:
-                    raise HttpError(502, f"assignment stored, but not published: {e}") from e
-            return {
-                "device": device,
-                "model": model,
-                "version": parsed.version,
-                "published": mqtt is not None,
-            }
+            result = assign_version(
+                registry, publisher, device, model, doc, trusted_keys=keys, wait=True
+            )
+            return result.to_dict()
 
         return JSONResponse(await run_in_threadpool(assign))
 

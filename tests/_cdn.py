@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -34,6 +34,7 @@ from shared import (
 __all__ = [
     "PG_ADMIN_URL",
     "NoWholeReadLocalStore",
+    "RecordingLink",
     "StreamOnlyStore",
     "files_under",
     "make_assignment_doc",
@@ -78,6 +79,29 @@ def make_assignment_doc(
         expires_at=format_time(NOW + timedelta(days=1)),
     )
     return sign_document(assignment.to_dict(), key)
+
+
+class RecordingLink:
+    """An ``AssignmentLink`` that keeps what it was given: (device, document, wait_s).
+
+    For tests of the controller's decisions without a broker; the MQTT path
+    itself is tested against real Mosquitto (test_cdn_publisher.py).
+    """
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any], float | None]] = []
+
+    def publish_retained(
+        self, device: str, document: Mapping[str, Any], *, wait_s: float | None = None
+    ) -> None:
+        self.sent.append((device, dict(document), wait_s))
+
+    @property
+    def published(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(device, doc) for device, doc, _wait in self.sent]
+
+    def clear(self) -> None:
+        self.sent.clear()
 
 
 class StreamOnlyStore(BlobStore):

@@ -69,6 +69,8 @@ def make_cdn(tmp_path: Path) -> Iterator[Callable[..., Cdn]]:
             )
             options.setdefault("admin_token", ADMIN)
             app = create_app(registry=registry, store=blobs, **options)
+            if app.state.publisher is not None:  # its own MQTT link (``mqtt=``)
+                stack.callback(app.state.publisher.close)
             url = stack.enter_context(serve_in_thread(app))
             client = stack.enter_context(httpx.Client(base_url=url, timeout=30))
             return Cdn(url, client, registry, blobs, root)
