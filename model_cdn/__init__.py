@@ -10,6 +10,7 @@
   then published retained over MQTT); ``make_assignment`` signs one.
   ``publish_assignment`` is deprecated.
 - ``create_app``: the HTTP API devices download from (``model_cdn.http``).
+- ``CdnError`` and its subclasses: the exception tree is drawn in ``_errors``.
 
 Light to import: the HTTP server (FastAPI) and the publish pipeline (onnx,
 onnxruntime) load on first use of their names, PostgreSQL support on first
@@ -50,7 +51,7 @@ from .registry import Registry, VersionRecord, open_registry
 from .store import BlobStore, LocalBlobStore, open_store
 
 if _typing.TYPE_CHECKING:
-    from ._server import create_app
+    from .http import create_app
     from .publish import PublishResult, load_samples, publish_model
 
 __all__ = [
@@ -96,7 +97,7 @@ __all__ = [
 
 # name -> the module that defines it, imported on first access
 _LAZY = {
-    "create_app": "._server",
+    "create_app": ".http",
     "PublishResult": ".publish",
     "load_samples": ".publish",
     "publish_model": ".publish",

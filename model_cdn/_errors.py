@@ -41,9 +41,9 @@ answers it 400. Foreign errors (boto3, sqlite3, psycopg, paho, onnxruntime)
 are converted at the boundary with ``raise … from e``.
 
 Not in the tree, on purpose: the HTTP layer's ``HttpError`` (an answer with
-a status and headers) and ``RangeNotSatisfiableError`` (a ``Range`` past the
-end of a blob) are private to ``model_cdn.http``: each becomes a response
-inside it and never reaches a caller of the library.
+a status and headers, and its ``AuthDenied``) and ``RangeNotSatisfiableError``
+(a ``Range`` past the end of a blob) are private to ``model_cdn.http``: each
+becomes a response inside it and never reaches a caller of the library.
 """
 
 from __future__ import annotations

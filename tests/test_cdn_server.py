@@ -20,9 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from model_cdn import CdnError
+from model_cdn import CdnError, create_app
 from model_cdn._assign import make_assignment, publish_assignment
-from model_cdn._server import create_app
 from model_cdn.registry import Registry, SqliteRegistry
 from model_cdn.store import BlobStore
 from shared import MqttSettings, SigningKey, Topics, digest, verify_assignment
@@ -576,7 +575,7 @@ def test_our_range_plan_matches_what_file_response_sends(header: str) -> None:
     (this guards against a Starlette upgrade changing the rules under us)."""
     from starlette.responses import FileResponse
 
-    from model_cdn._ranges import plan_range
+    from model_cdn.http._ranges import plan_range
 
     planned = plan_range(header, None, '"etag"', 100)
     assert planned is not None

@@ -76,7 +76,7 @@ _ACTIVE = {
     RolloutState.HALTED,
     RolloutState.ROLLING_BACK,
 }
-# what POST /v1/rollouts may set, besides model, version and previous_version
+# what a request to start a rollout may set, besides model, version and previous_version
 _SPEC_FIELDS = {
     "target",
     "waves",

@@ -17,6 +17,10 @@ Blobs never change, so the rules are short:
 These match Starlette's ``FileResponse`` with ``max_ranges = 1`` for every
 request they honour, so the server can let ``FileResponse`` send local files
 and hand it no ``Range`` header when the plan is "whole blob".
+
+``RangeNotSatisfiableError`` is private to ``model_cdn.http`` (not a
+``CdnError``): the blob route turns it into a 416 answer with
+``Content-Range: bytes */size``, and it never reaches a caller of the library.
 """
 
 from __future__ import annotations
