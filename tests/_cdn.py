@@ -156,10 +156,13 @@ class NoWholeReadLocalStore(LocalBlobStore):
 
 
 @contextmanager
-def serve_in_thread(app: Any, ssl: dict[str, Any] | None = None, *, port: int = 0) -> Iterator[str]:
+def serve_in_thread(
+    app: Any, ssl: dict[str, Any] | None = None, *, port: int = 0, lifespan: str = "off"
+) -> Iterator[str]:
     """Run ``app`` with real uvicorn on a loopback port (a free one by default); yields its URL.
 
     ``ssl``: uvicorn's ``ssl_*`` options (``ssl_certfile`` …): it then serves HTTPS.
+    ``lifespan="on"`` runs the app's startup and shutdown as ``uvicorn.run`` would.
     """
     import uvicorn
 
@@ -169,7 +172,7 @@ def serve_in_thread(app: Any, ssl: dict[str, Any] | None = None, *, port: int = 
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", **(ssl or {}))
+    config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, **(ssl or {}))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

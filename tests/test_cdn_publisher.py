@@ -25,6 +25,7 @@ from model_cdn import (
     create_app,
     open_registry,
 )
+from model_cdn.fleet import FleetLink
 from model_cdn.registry import DeviceRecord, Registry
 from model_cdn.rollout._service import FleetService
 from shared import MqttSettings, SigningKey, Topics, verify_assignment
@@ -120,14 +121,22 @@ def test_without_a_controller_the_put_route_opens_its_own_link_lazily(
     )
     publisher = app.state.publisher
     assert isinstance(publisher, AssignmentPublisher)
+    link = publisher.link
+    assert isinstance(link, FleetLink)
     try:
-        with serve_in_thread(app) as url, httpx.Client(base_url=url, headers=ADMIN) as http:
+        with (
+            serve_in_thread(app, lifespan="on") as url,
+            httpx.Client(base_url=url, headers=ADMIN) as http,
+        ):
+            assert not link.started  # connects at the first assignment, not before
             for device in ("cam-1", "cam-2"):
                 doc = make_assignment_doc(KEY, device, "mnist", 2)
                 put = http.put(f"/v1/devices/{device}/assignments/mnist", json=doc)
                 assert put.json()["published"] is True
                 message = receive_retained(mosquitto.url, where.assign(device))
                 assert json.loads(message.payload) == doc
+            assert link.stats.published == 2  # both over the one link
+        assert not link.started  # the app's shutdown closed it
     finally:
         publisher.close()
 
