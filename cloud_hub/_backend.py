@@ -59,6 +59,8 @@ class Backend(Protocol):
 
     def ready(self) -> bool: ...
 
+    def model_ready(self, model: str, version: str | None = None) -> bool: ...
+
 
 class ExecutorReplyError(HubError):
     """An executor answered a request with an error; ``code`` is the code it sent."""
@@ -90,13 +92,21 @@ class LocalBackend:
     def describe(self, model: str, version: str | None = None) -> ModelInfo:
         from ._executor_loop import model_info  # the executor's own description, in process
 
+        if not self.hub.running:
+            raise HubStoppingError("the hub is not serving; try again shortly")
         return model_info(self.hub.repository.get(model, version))
 
     def model_names(self) -> list[str]:
         return sorted(m.name for m in self.hub.repository)
 
     def ready(self) -> bool:
-        return self.hub.running
+        return self.hub.running and all(self.model_ready(m.name) for m in self.hub.repository)
+
+    def model_ready(self, model: str, version: str | None = None) -> bool:
+        return self.hub.running and any(
+            b.model == model and (version is None or b.version == version) and b.running
+            for b in self.hub.batchers()
+        )
 
 
 def _outcome(future: concurrent.futures.Future[InferenceResult]) -> Outcome:
@@ -137,6 +147,13 @@ class PoolBackend:
 
     def ready(self) -> bool:
         return self.pool.ready()
+
+    def model_ready(self, model: str, version: str | None = None) -> bool:
+        try:
+            self.pool.info(model, version)
+        except HubError:
+            return False
+        return True
 
 
 def _result(info: ModelInfo, reply: ReplyRecord | HubError) -> Outcome:

@@ -147,6 +147,11 @@ class Hub:
             return list(self._batchers.values())
 
     @property
+    def backend(self) -> LocalBackend:
+        """This hub as a ``Backend``, for transports (MQTT, HTTP) in this process."""
+        return LocalBackend(self)
+
+    @property
     def running(self) -> bool:
         """True between ``start`` and ``stop``: ``submit`` takes requests."""
         return self._running
