@@ -30,6 +30,11 @@ Exception tree (the HTTP status the CDN's API answers in brackets)::
         ├── RolloutRequestError (ValueError)
         │                                  a request that cannot start a rollout [400]
         ├── AuthError                      missing or wrong token [403]
+        ├── HttpError                      an answer of the HTTP API that carries its own
+        │   │                              status and headers (bad body, too large, off)
+        │   ├── AuthDenied (AuthError)     no, malformed or wrong credentials, a key without
+        │   │                              the scope or over its rate [401, 403, 429]
+        │   └── RangeNotSatisfiableError   a Range that starts past the end of a blob [416]
         ├── AdminApiError                  (``_admin_client``) the admin API refused a
         │                                  request or could not be reached
         └── SimulatorError                 (``simulator``) the fleet simulator could not
@@ -40,10 +45,9 @@ A signed document that does not verify raises ``shared.ManifestError``
 answers it 400. Foreign errors (boto3, sqlite3, psycopg, paho, onnxruntime)
 are converted at the boundary with ``raise … from e``.
 
-Not in the tree, on purpose: the HTTP layer's ``HttpError`` (an answer with
-a status and headers, and its ``AuthDenied``) and ``RangeNotSatisfiableError``
-(a ``Range`` past the end of a blob) are private to ``model_cdn.http``: each
-becomes a response inside it and never reaches a caller of the library.
+``HttpError`` and its subclasses are raised by ``model_cdn.http`` (and its
+pure helpers: ``CdnAuth``, ``plan_range``) and answered there with their own
+status and headers; the library's operations never raise them.
 """
 
 from __future__ import annotations
@@ -52,16 +56,19 @@ from shared import TandemError
 
 __all__ = [
     "AssignmentNotPublishedError",
+    "AuthDenied",
     "AuthError",
     "BlobNotFoundError",
     "BrokerError",
     "CdnError",
     "DeviceNotFoundError",
     "DocumentRejectedError",
+    "HttpError",
     "InvalidNameError",
     "ModelNotFoundError",
     "PublishError",
     "QuantizationError",
+    "RangeNotSatisfiableError",
     "RegistryError",
     "RolloutConflictError",
     "RolloutNotFoundError",
@@ -147,3 +154,28 @@ class RolloutRequestError(CdnError, ValueError):
 
 class AuthError(CdnError):
     """Missing or wrong token."""
+
+
+class HttpError(CdnError):
+    """An answer of the HTTP API: its status, one-line message and extra headers."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = headers or {}
+
+
+class AuthDenied(HttpError, AuthError):
+    """A refusal of the credentials: 401 (with ``WWW-Authenticate``), 403 or 429."""
+
+
+class RangeNotSatisfiableError(HttpError):
+    """The range starts at or past the end of the blob (HTTP 416)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(
+            416,
+            f"range not satisfiable: the blob has {size} bytes",
+            {"Content-Range": f"bytes */{size}"},
+        )
+        self.size = size

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from shared import MAX_BLOB_BYTES, MAX_DOCUMENT_BYTES
 
+from ._errors import HttpError
 from .http._app import create_app
 from .http._blobs import BLOB_FILE_CHUNK_BYTES, CHUNK_BYTES, IMMUTABLE, _BlobFileResponse
-from .http._errors import HttpError
 
 __all__ = [
     "BLOB_FILE_CHUNK_BYTES",

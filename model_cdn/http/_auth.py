@@ -36,16 +36,12 @@ from shared import (
     looks_like_api_key,
 )
 
-from ._errors import HttpError
+from .._errors import AuthDenied
 
 __all__ = ["ADMIN_SCOPES", "AuthDenied", "CdnAuth", "Guards"]
 
 ADMIN_SCOPES = frozenset({"models:publish", "rollout:admin"})
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
-
-
-class AuthDenied(HttpError):
-    """A refusal: its HTTP status, message and headers (the server answers it as JSON)."""
 
 
 def _same(given: str, expected: str | None) -> bool:

@@ -7,9 +7,9 @@ rollout state or conflict, 413 too large, 416 bad range, 429 a key over its
 rate (with ``Retry-After``), 502 MQTT publish failed, 503 storage, registry
 or rollouts off.
 
-``HttpError`` is this layer's own answer (a status, a one-line message,
-headers): routes raise it where only HTTP knows the status, and it never
-leaves ``model_cdn.http``. The library's errors (``model_cdn.CdnError``,
+``model_cdn.HttpError`` (and its ``AuthDenied``, ``RangeNotSatisfiableError``)
+is an answer that carries its own status and headers: routes raise it where
+only HTTP knows the status. The library's other errors (``model_cdn.CdnError``,
 ``shared.TandemError``) are mapped to statuses by ``status_of``, most
 specific first; anything else is a bug and answers 500.
 """
@@ -31,6 +31,7 @@ from .._errors import (
     BlobNotFoundError,
     DeviceNotFoundError,
     DocumentRejectedError,
+    HttpError,
     InvalidNameError,
     ModelNotFoundError,
     RegistryError,
@@ -64,17 +65,10 @@ _STATUS: tuple[tuple[type[Exception], int], ...] = (
 )
 
 
-class HttpError(Exception):
-    """An error answer: status, one-line message, extra headers (private to the HTTP layer)."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers = headers or {}
-
-
 def status_of(error: TandemError) -> int:
     """The HTTP status of one of our own errors (most specific first)."""
+    if isinstance(error, HttpError):
+        return error.status
     for kind, status in _STATUS:
         if isinstance(error, kind):
             return status

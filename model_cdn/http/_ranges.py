@@ -18,15 +18,16 @@ These match Starlette's ``FileResponse`` with ``max_ranges = 1`` for every
 request they honour, so the server can let ``FileResponse`` send local files
 and hand it no ``Range`` header when the plan is "whole blob".
 
-``RangeNotSatisfiableError`` is private to ``model_cdn.http`` (not a
-``CdnError``): the blob route turns it into a 416 answer with
-``Content-Range: bytes */size``, and it never reaches a caller of the library.
+``RangeNotSatisfiableError`` (a ``model_cdn.HttpError``) carries the 416 and
+its ``Content-Range: bytes */size`` header, so the blob route lets it through.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from .._errors import RangeNotSatisfiableError
 
 __all__ = ["ByteRange", "RangeNotSatisfiableError", "etag_matches", "plan_range"]
 
@@ -45,14 +46,6 @@ class ByteRange:
 
     def content_range(self, size: int) -> str:
         return f"bytes {self.start}-{self.end - 1}/{size}"
-
-
-class RangeNotSatisfiableError(Exception):
-    """The range starts at or past the end of the blob (HTTP 416)."""
-
-    def __init__(self, size: int) -> None:
-        super().__init__(f"range not satisfiable: the blob has {size} bytes")
-        self.size = size
 
 
 def etag_matches(if_none_match: str | None, etag: str) -> bool:
