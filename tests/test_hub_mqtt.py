@@ -38,73 +38,14 @@ from shared import (
     Message,
     MqttSettings,
     Topics,
-    decode_message,
     encode_message,
-    new_request_id,
 )
 
 from ._brokers import free_port
 from ._models import linear_classifier_weights, write_linear_classifier
+from ._mqtt_device import WAIT_S, Device
 
 ROOT = Path(__file__).resolve().parents[1]
-WAIT_S = 15.0
-
-
-class Device:
-    """A bare paho client standing in for an edge device."""
-
-    def __init__(self, url: str, topics: Topics, *, protocol: int = mqtt.MQTTv5) -> None:
-        self.topics = topics
-        self.device_id = f"dev-{uuid.uuid4().hex[:8]}"
-        self.reply_topic = topics.reply(self.device_id)
-        self.replies: queue.Queue[tuple[Message, Any]] = queue.Queue()
-        self.subscribed = threading.Event()
-        settings = MqttSettings.from_url(url)
-        self.client = mqtt.Client(
-            callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
-            client_id=self.device_id,
-            protocol=protocol,
-        )
-        self.client.on_connect = lambda c, *_: c.subscribe(self.reply_topic, qos=1)
-        self.client.on_subscribe = lambda *_: self.subscribed.set()
-        self.client.on_message = self._on_message
-        self.client.reconnect_delay_set(1, 1)
-        self.client.connect(settings.host, settings.port)
-        self.client.loop_start()
-        assert self.subscribed.wait(WAIT_S), "the device could not subscribe"
-
-    def _on_message(self, _client: Any, _userdata: Any, message: Any) -> None:
-        self.replies.put((decode_message(message.payload), message.properties))
-
-    def request(self, model: str, tensors: dict[str, np.ndarray], **fields: Any) -> str:
-        fields.setdefault("reply_to", self.reply_topic)
-        message = Message(
-            kind="request",
-            request_id=new_request_id(),
-            model=model,
-            device_id=self.device_id,
-            tensors=tensors,
-            **fields,
-        )
-        self.publish(self.topics.infer(model), encode_message(message))
-        return message.request_id
-
-    def publish(self, topic: str, payload: bytes) -> None:
-        self.client.publish(topic, payload, qos=1).wait_for_publish(WAIT_S)
-
-    def reply(self, request_id: str | None = None) -> Message:
-        message, _ = self.reply_with_properties(request_id)
-        return message
-
-    def reply_with_properties(self, request_id: str | None = None) -> tuple[Message, Any]:
-        message, properties = self.replies.get(timeout=WAIT_S)
-        if request_id is not None:
-            assert message.request_id == request_id, "replies came out of order"
-        return message, properties
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
 
 
 def frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
