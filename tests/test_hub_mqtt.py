@@ -153,6 +153,7 @@ def test_every_bad_request_gets_a_typed_error_and_the_hub_keeps_serving(
             {
                 "inputs": [{"name": "x", "datatype": "FP32", "dims": [16]}],
                 "outputs": [{"name": "y", "datatype": "FP32", "dims": [16]}],
+                "allow_non_finite": True,  # NaN reaches this model (which then fails)
             }
         ),
     )
@@ -245,6 +246,9 @@ def test_every_bad_request_gets_a_typed_error_and_the_hub_keeps_serving(
     )
     nan = np.full((1, 16), np.nan, np.float32)
     expect(ErrorCode.INTERNAL, "model exploded", device.request("flaky", {"x": nan}))
+    inf = x_rows(1)
+    inf[0, 3] = np.inf
+    expect(ErrorCode.INVALID_INPUT, "1 NaN or infinite", device.request("linear", {"x": inf}))
 
     x = x_rows(2)
     good = device.reply(device.request("linear", {"x": x}))
