@@ -3,7 +3,7 @@
 ``list`` and ``show`` ask the CDN's admin API (``--cdn``, ``--token``, as
 ``tandem rollout``) which devices reported telemetry, with their labels,
 models and health. ``simulate`` runs a fleet of simulated devices
-(``_cli_simulate``). ``provision`` gives each named device (or the hub / CDN
+(``_fleet_simulate``). ``provision`` gives each named device (or the hub / CDN
 service user) a fresh random password in the Mosquitto password file,
 keeping every other user, and rewrites the ACL file. Passwords are shown
 once: on stdout, or in ``--password-out`` (mode 0600). Failures are one line
@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ._cli_admin import (
+from ._admin import (
     DEFAULT_CDN,
     CaOption,
     CdnOption,
@@ -30,8 +30,8 @@ from ._cli_admin import (
     plain_console,
     print_json,
 )
-from ._cli_common import clean_errors, fail, ratio_text
-from ._cli_simulate import fleet_simulate
+from ._common import clean_errors, fail, ratio_text
+from ._fleet_simulate import fleet_simulate
 
 __all__ = ["fleet_app"]
 
@@ -96,9 +96,7 @@ def fleet_provision(
     must be readable by the user Mosquitto runs as: chown them once, ownership
     is kept on later rewrites.
     """
-    from shared import ConfigError
-
-    from ._mqtt_acl import (
+    from model_cdn._mqtt_acl import (
         check_device_names,
         generate_password,
         merge_password_file,
@@ -107,6 +105,7 @@ def fleet_provision(
         render_acl_file,
         write_private_file,
     )
+    from shared import ConfigError
 
     with clean_errors("fleet provision"):
         try:

@@ -46,7 +46,8 @@ from shared import (
     verify_manifest,
 )
 
-from ._config import SimulatorConfig, SimulatorError
+from ._config import SimulatorConfig
+from ._errors import SimulatorError
 
 __all__ = [
     "AssignmentDecision",

@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from ._admin_client import DEFAULT_CDN_URL, AdminApiError, AdminClient
-from ._cli_common import fail
+from model_cdn._admin_client import DEFAULT_CDN_URL, AdminApiError, AdminClient
+
+from ._common import fail
 
 if TYPE_CHECKING:
     from rich.console import Console

@@ -1,6 +1,6 @@
 """``tandem fleet simulate``: a fleet of simulated devices on a real broker and CDN.
 
-The command runs ``model_cdn.simulator.FleetSimulator`` until Ctrl-C,
+The command runs ``tandem.simulator.FleetSimulator`` until Ctrl-C,
 SIGTERM or ``--duration``, with a live summary on stderr (devices online,
 versions running, installs and failures), then disconnects every device
 and exits 0. Failures are one line on stderr and exit 1 (the work failed)
@@ -19,10 +19,17 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ._cli_common import MqttCaOption, MqttCertOption, MqttKeyOption, clean_errors, fail
+from ._common import (
+    MqttCaOption,
+    MqttCertOption,
+    MqttKeyOption,
+    clean_errors,
+    fail,
+    load_trusted_key,
+)
 
 if TYPE_CHECKING:
-    from .simulator import FleetSnapshot, SimulatorConfig
+    from tandem.simulator import FleetSnapshot, SimulatorConfig
 
 __all__ = ["fleet_simulate"]
 
@@ -157,8 +164,7 @@ def fleet_simulate(
             --broker mqtt://127.0.0.1:1883 --cdn http://127.0.0.1:8700 --fail-rate 0.01
     """
     from shared import ConfigError, MqttSettings, TlsSettings
-
-    from .simulator import FleetSimulator, SimulatorConfig
+    from tandem.simulator import FleetSimulator, SimulatorConfig
 
     with clean_errors(_COMMAND):
         try:
@@ -174,7 +180,7 @@ def fleet_simulate(
                 cdn_url=cdn,
                 read_token=read_token or None,
                 cdn_tls=TlsSettings.from_files(ca_certs=cdn_ca),
-                trusted_keys=tuple(_trusted_key(k) for k in trusted_key),
+                trusted_keys=tuple(load_trusted_key(k) for k in trusted_key),
                 model=model,
                 initial_version=initial_version,
                 labels=_labels(label or []),
@@ -276,12 +282,6 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
     finally:
         for s, old in previous.items():
             signal.signal(s, old)
-
-
-def _trusted_key(text: str) -> Any:
-    from shared import PublicKey
-
-    return PublicKey.from_text(text) if text.startswith("ed25519:") else PublicKey.load(Path(text))
 
 
 def _labels(items: list[str]) -> dict[str, str]:

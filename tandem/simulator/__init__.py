@@ -10,8 +10,9 @@ cloud, so rollouts are tested end to end. ``tandem fleet simulate`` is the
 command-line front end.
 """
 
-from ._config import SimulatorConfig, SimulatorError
+from ._config import SimulatorConfig
 from ._device import DeviceState, DeviceTraits
+from ._errors import SimulatorError
 from ._fleet import FleetSimulator
 from ._snapshot import FleetSnapshot
 

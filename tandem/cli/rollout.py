@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ._cli_admin import (
+from ._admin import (
     DEFAULT_CDN,
     CaOption,
     CdnOption,
@@ -34,13 +34,13 @@ from ._cli_admin import (
     plain_console,
     print_json,
 )
-from ._cli_common import fail
-from ._cli_rollout_view import list_table, render_progress, render_status
+from ._common import fail
+from ._rollout_view import list_table, render_progress, render_status
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from ._admin_client import AdminClient
+    from model_cdn import AdminClient
 
 __all__ = ["rollout_app"]
 
@@ -212,7 +212,7 @@ def rollout_start(
     model, version = parse_model_at_version(what, command)
     if waves is None:
         fail(command, "--waves is required, e.g. --waves 5%,25%,100% (or 5,50,all)", 2)
-    from .rollout import parse_waves
+    from model_cdn.rollout import parse_waves
 
     try:
         parse_waves(waves)

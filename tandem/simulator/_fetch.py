@@ -20,7 +20,7 @@ from urllib.parse import quote, urlsplit
 
 from shared import TlsSettings, digest, validate_name
 
-from ._config import SimulatorError
+from ._errors import SimulatorError
 
 __all__ = ["MAX_DOCUMENT_BYTES", "CdnFetcher"]
 
