@@ -6,6 +6,7 @@
   (SQLite or PostgreSQL); ``open_store`` / ``BlobStore``: content-addressed blobs.
 - ``create_app``: the HTTP API devices download from.
 - ``make_assignment`` / ``publish_assignment``: tell a device which version to run.
+- ``AdminClient``: the admin API from elsewhere (publish, assign, rollouts, fleet).
 
 Light to import: the HTTP server (FastAPI) and the publish pipeline (onnx,
 onnxruntime) load on first use of their names, PostgreSQL support on first
@@ -17,7 +18,7 @@ from __future__ import annotations
 import importlib as _importlib
 import typing as _typing
 
-from ._admin_client import AdminApiError
+from ._admin_client import AdminApiError, AdminClient
 from ._assign import make_assignment, publish_assignment
 from ._errors import (
     AuthError,
@@ -43,6 +44,7 @@ if _typing.TYPE_CHECKING:
 
 __all__ = [
     "AdminApiError",
+    "AdminClient",
     "AuthError",
     "BlobNotFoundError",
     "BlobStore",

@@ -13,13 +13,15 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from model_cdn._admin_client import DEFAULT_CDN_URL, AdminApiError, AdminClient
+from model_cdn import AdminApiError, AdminClient
+from model_cdn._admin_client import DEFAULT_CDN_URL
 
 from ._common import fail
 
@@ -34,6 +36,7 @@ __all__ = [
     "TokenOption",
     "admin_call",
     "admin_client",
+    "admin_errors",
     "ago_text",
     "check_id",
     "parse_duration",
@@ -88,17 +91,25 @@ def admin_client(command: str, cdn: str, token: str | None, ca: Path | None) -> 
         fail(command, str(e), 2)
 
 
-def admin_call(command: str, call: Callable[..., T], *args: Any) -> T:
-    """``call(*args)``; a refusal or an unreachable CDN becomes one line and exit code 1."""
+@contextmanager
+def admin_errors(command: str) -> Iterator[None]:
+    """A refusal or an unreachable CDN becomes one line and exit code 1."""
     try:
-        return call(*args)
+        yield
     except AdminApiError as e:
         message = str(e)
         if e.status == 401:
             message += " (pass --token or set TANDEM_CDN_ADMIN_TOKEN)"
         fail(command, message)
-    except ValueError as e:
-        fail(command, str(e), 2)
+
+
+def admin_call(command: str, call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)``; a refusal or an unreachable CDN becomes one line and exit code 1."""
+    with admin_errors(command):
+        try:
+            return call(*args)
+        except ValueError as e:
+            fail(command, str(e), 2)
 
 
 def parse_labels(values: Iterable[str], option: str, command: str) -> dict[str, str]:

@@ -2,20 +2,26 @@
 
 ``publish`` runs the publish pipeline (``model_cdn.publish``, which needs
 onnx and onnxruntime and loads only when the command runs) behind a
-progress bar (``_publish_view``); ``list`` reads the registry; ``assign``
-signs assignments, stores them and publishes them retained on MQTT.
-Failures are one line on stderr, ``tandem models <command>: <why>``: exit 1
-when the work failed, 2 when the command line was wrong.
+progress bar, and hands the release to one of two targets: the CDN's admin
+API (``--cdn URL``, with ``--token``), or the registry and store named by
+``--registry`` and ``--store`` (the default), through the same library
+call the server makes. ``assign`` signs assignments and, likewise, sends
+them through the admin API (the CDN stores them and publishes them on its
+broker) or stores them in ``--registry`` and publishes them on ``--broker``.
+``list`` reads the registry. Failures are one line on stderr, ``tandem
+models <command>: <why>``: exit 1 when the work failed, 2 when the command
+line was wrong.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ._admin import CaOption, admin_client, admin_errors
 from ._common import (
     DEFAULT_REGISTRY,
     DEFAULT_STORE,
@@ -31,9 +37,19 @@ from ._common import (
     load_key,
     mqtt_settings,
     open_registry_for,
-    ratio_text,
 )
-from ._publish_view import print_published, read_labels, with_progress
+from ._models_view import (
+    models_table,
+    print_published,
+    read_labels,
+    versions_table,
+    with_progress,
+)
+
+if TYPE_CHECKING:
+    from model_cdn import AdminClient, Registry
+    from model_cdn.publish import PublishTarget
+    from shared import MqttSettings, Topics
 
 __all__ = ["models_app"]
 
@@ -49,6 +65,31 @@ def _models() -> None:
     """Publish model versions, list them, assign them to devices."""
 
 
+# No TANDEM_CDN_URL here: a variable set for 'tandem rollout' must not move publishing.
+TargetCdnOption = Annotated[
+    str | None,
+    typer.Option(
+        "--cdn",
+        help="Go through this CDN's admin API (http:// or https://) instead of writing "
+        "--registry and --store here.",
+        show_default=False,
+    ),
+]
+TargetTokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="TANDEM_CDN_ADMIN_TOKEN",
+        help="With --cdn: the CDN's admin token, or an API key with models:publish "
+        "(publish; models:read too where reads are guarded) or rollout:admin (assign).",
+        show_default=False,
+    ),
+]
+
+
+# -- tandem models list ---------------------------------------------------------
+
+
 @models_app.command("list")
 def models_list(
     name: Annotated[
@@ -60,54 +101,36 @@ def models_list(
 
     Example: tandem models list mnist --registry sqlite:///./tandem-cdn/registry.db
     """
-    from rich import box
     from rich.console import Console
-    from rich.table import Table
 
-    command = "models list"
-    with clean_errors(command):
+    with clean_errors("models list"):
         reg = open_registry_for(registry, create=False)
         try:
             if name is None:
-                table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
-                for column in ("model", "latest", "versions", "published"):
-                    table.add_column(column, no_wrap=True)
-                table.add_column("blob", overflow="ellipsis")  # gives way when narrow
                 models = reg.list_models()
-                for model in models:
-                    records = reg.list_versions(model)
-                    last = records[-1]
-                    table.add_row(
-                        model,
-                        str(last.version),
-                        str(len(records)),
-                        last.published_at,
-                        last.blob_digest.removeprefix("sha256:")[:12],
-                    )
-                empty = not models
+                table, empty = models_table(reg, models), not models
             else:
-                table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
-                for column in ("version", "published", "method", "agreement", "accuracy"):
-                    table.add_column(column, no_wrap=True)
-                table.add_column("blob", overflow="ellipsis")
                 records = reg.list_versions(name)
-                for record in records:
-                    q = record.manifest.get("signed", {}).get("quantization", {})
-                    table.add_row(
-                        str(record.version),
-                        record.published_at,
-                        str(q.get("method", "—")),
-                        ratio_text(q.get("agreement")),
-                        ratio_text(q.get("accuracy")),
-                        record.blob_digest.removeprefix("sha256:")[:12],
-                    )
-                empty = not records
+                table, empty = versions_table(records), not records
         finally:
             reg.close()
     if empty:
         typer.echo("no models yet" if name is None else f"{name} has no versions")
     else:
         Console().print(table)
+
+
+# -- tandem models assign -------------------------------------------------------
+
+AssignBrokerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--broker",
+        envvar="TANDEM_BROKER",
+        help="MQTT broker URL; without it the assignment is only stored (devices poll). "
+        "Not with --cdn: the CDN publishes on its own broker.",
+    ),
+]
 
 
 @models_app.command("assign")
@@ -123,14 +146,7 @@ def models_assign(
         typer.Option("--device", help="Device id (repeat for several).", show_default=False),
     ],
     sign_key: SignKeyOption = None,  # required; checked so the message names the env variable
-    broker: Annotated[
-        str | None,
-        typer.Option(
-            "--broker",
-            envvar="TANDEM_BROKER",
-            help="MQTT broker URL; without it the assignment is only stored (devices poll).",
-        ),
-    ] = None,
+    broker: AssignBrokerOption = None,
     rollback: Annotated[
         bool, typer.Option("--rollback", help="Allow going below the device's highest version.")
     ] = False,
@@ -143,13 +159,20 @@ def models_assign(
     mqtt_ca: MqttCaOption = None,
     mqtt_cert: MqttCertOption = None,
     mqtt_key: MqttKeyOption = None,
+    cdn: TargetCdnOption = None,
+    token: TargetTokenOption = None,
+    ca: CaOption = None,
 ) -> None:
     """Tell devices which version to run: sign, store, and publish retained on MQTT.
+
+    With --cdn the signed assignments go through the CDN's admin API: the CDN
+    checks and stores them and publishes them on its own broker. Without it
+    they are stored in --registry and published on --broker from here.
 
     Example: tandem models assign mnist@3 --device cam-1 --device cam-2
     --sign-key ~/.tandem/publisher.key --broker mqtt://broker:1883
     """
-    from model_cdn import CdnError, make_assignment, publish_assignment
+    from model_cdn import make_assignment
     from shared import Topics, validate_name
 
     command = "models assign"
@@ -164,82 +187,135 @@ def models_assign(
                 validate_name(d, "device id")
             settings = mqtt_settings(broker, mqtt_ca, mqtt_cert, mqtt_key)
             topics = Topics(prefix)
+            if cdn is not None and settings is not None:
+                raise ValueError("--broker does not go with --cdn: the CDN publishes on its own")
         except ValueError as e:
             fail(command, str(e), 2)
+        client = None if cdn is None else admin_client(command, cdn, token, ca)
         key = load_key(sign_key, command)
-        reg = open_registry_for(registry, create=False)
-        try:
-            reg.get_version(model, version)
-            for d in device:
-                doc = make_assignment(
-                    key,
-                    device=d,
-                    model=model,
-                    version=version,
-                    rollback=rollback,
-                    rollout=rollout,
-                    ttl_days=ttl_days,
+        docs = {
+            d: make_assignment(
+                key,
+                device=d,
+                model=model,
+                version=version,
+                rollback=rollback,
+                rollout=rollout,
+                ttl_days=ttl_days,
+            )
+            for d in device
+        }
+        if client is not None:
+            _assign_through(command, client, model, version, docs)
+        else:
+            _assign_here(registry, settings, topics, model, version, docs)
+
+
+def _assign_through(
+    command: str, client: AdminClient, model: str, version: int, docs: dict[str, Any]
+) -> None:
+    with admin_errors(command):
+        for d, doc in docs.items():
+            answer = client.put_assignment(d, model, doc)
+            if answer.get("published"):
+                typer.echo(f"{d}: {model}@{version} stored and published by {client.url}")
+            else:
+                typer.echo(
+                    f"{d}: {model}@{version} stored by {client.url} (no broker: devices poll)"
                 )
-                reg.put_assignment(d, model, doc)
-                if settings is not None:
-                    try:
-                        publish_assignment(settings, topics, d, doc)
-                    except CdnError as e:
-                        raise CdnError(f"{d}: assignment stored, but not published: {e}") from e
-                    typer.echo(f"{d}: {model}@{version} stored and published to {settings.url}")
-                else:
-                    typer.echo(f"{d}: {model}@{version} stored (no --broker: devices poll the CDN)")
-        finally:
-            reg.close()
+
+
+def _assign_here(
+    registry: str,
+    settings: MqttSettings | None,
+    topics: Topics,
+    model: str,
+    version: int,
+    docs: dict[str, Any],
+) -> None:
+    from model_cdn import CdnError, publish_assignment
+
+    reg = open_registry_for(registry, create=False)
+    try:
+        reg.get_version(model, version)
+        for d, doc in docs.items():
+            reg.put_assignment(d, model, doc)
+            if settings is None:
+                typer.echo(f"{d}: {model}@{version} stored (no --broker: devices poll the CDN)")
+                continue
+            try:
+                publish_assignment(settings, topics, d, doc)
+            except CdnError as e:
+                raise CdnError(f"{d}: assignment stored, but not published: {e}") from e
+            typer.echo(f"{d}: {model}@{version} stored and published to {settings.url}")
+    finally:
+        reg.close()
+
+
+# -- tandem models publish ------------------------------------------------------
+
+SourceArgument = Annotated[
+    Path, typer.Argument(help="The float model: an ONNX file.", show_default=False)
+]
+NameOption = Annotated[str, typer.Option("--name", help="Model name.", show_default=False)]
+VersionOption = Annotated[
+    int | None, typer.Option("--version", help="Version number (default: the latest + 1).")
+]
+QuantizeOption = Annotated[str, typer.Option("--quantize", help=f"One of {', '.join(QUANTIZE)}.")]
+CalibrationOption = Annotated[
+    Path | None,
+    typer.Option("--calibration", help="Calibration inputs (.npy, or .npz with 'inputs')."),
+]
+ValidationOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--validation", help="Held-out inputs and optional 'labels' (.npz) for validation."
+    ),
+]
+MinAgreementOption = Annotated[
+    float,
+    typer.Option(
+        "--min-agreement", help="Refuse to publish below this quantized-vs-float agreement."
+    ),
+]
+FormatOption = Annotated[str, typer.Option("--format", help="onnx or tflite.")]
+TfliteFileOption = Annotated[
+    Path | None, typer.Option("--tflite-file", help="The converted .tflite (--format tflite).")
+]
+LabelsOption = Annotated[
+    Path | None, typer.Option("--labels", help="A text file with one class label per line.")
+]
+ExpiresOption = Annotated[
+    float, typer.Option("--expires-in-days", help="Devices refuse the manifest after this.")
+]
 
 
 @models_app.command("publish")
 def models_publish(
-    source: Annotated[
-        Path,
-        typer.Argument(help="The float model: an ONNX file.", show_default=False),
-    ],
-    name: Annotated[str, typer.Option("--name", help="Model name.", show_default=False)],
-    version: Annotated[
-        int | None, typer.Option("--version", help="Version number (default: the latest + 1).")
-    ] = None,
-    quantize: Annotated[
-        str, typer.Option("--quantize", help=f"One of {', '.join(QUANTIZE)}.")
-    ] = "int8-static",
-    calibration: Annotated[
-        Path | None,
-        typer.Option("--calibration", help="Calibration inputs (.npy, or .npz with 'inputs')."),
-    ] = None,
-    validation: Annotated[
-        Path | None,
-        typer.Option(
-            "--validation", help="Held-out inputs and optional 'labels' (.npz) for validation."
-        ),
-    ] = None,
-    min_agreement: Annotated[
-        float,
-        typer.Option(
-            "--min-agreement", help="Refuse to publish below this quantized-vs-float agreement."
-        ),
-    ] = 0.97,
-    format: Annotated[str, typer.Option("--format", help="onnx or tflite.")] = "onnx",
-    tflite_file: Annotated[
-        Path | None, typer.Option("--tflite-file", help="The converted .tflite (--format tflite).")
-    ] = None,
-    labels: Annotated[
-        Path | None, typer.Option("--labels", help="A text file with one class label per line.")
-    ] = None,
-    expires_in_days: Annotated[
-        float, typer.Option("--expires-in-days", help="Devices refuse the manifest after this.")
-    ] = 365.0,
+    source: SourceArgument,
+    name: NameOption,
+    version: VersionOption = None,
+    quantize: QuantizeOption = "int8-static",
+    calibration: CalibrationOption = None,
+    validation: ValidationOption = None,
+    min_agreement: MinAgreementOption = 0.97,
+    format: FormatOption = "onnx",
+    tflite_file: TfliteFileOption = None,
+    labels: LabelsOption = None,
+    expires_in_days: ExpiresOption = 365.0,
     sign_key: SignKeyOption = None,  # required; checked so the message names the env variable
     registry: RegistryOption = DEFAULT_REGISTRY,
     store: StoreOption = DEFAULT_STORE,
+    cdn: TargetCdnOption = None,
+    token: TargetTokenOption = None,
+    ca: CaOption = None,
 ) -> None:
     """Quantize, validate, compress, sign and register a model version.
 
     The quantized model must agree with the float one on at least
-    --min-agreement of the validation samples, or nothing is published.
+    --min-agreement of the validation samples, or nothing is published. The
+    version goes to --registry and --store, or with --cdn through the CDN's
+    admin API (blobs uploaded, then the signed manifest registered).
 
     Example: tandem models publish mnist.onnx --name mnist --calibration calib.npz
     --validation val.npz --sign-key ~/.tandem/publisher.key
@@ -253,38 +329,46 @@ def models_publish(
         fail(command, f"--min-agreement must be between 0 and 1, got {min_agreement}", 2)
     if not source.is_file():
         fail(command, f"no model file {source}", 2)
-    with clean_errors(command):
+    client = None if cdn is None else admin_client(command, cdn, token, ca)
+    with clean_errors(command), admin_errors(command):
         key = load_key(sign_key, command)
         try:
             from model_cdn.publish import load_samples, publish_model
         except ImportError as e:
             fail(command, f"the publish pipeline needs {e.name!r}: install tandem[cdn]")
-        from model_cdn import open_store
-
-        calibration_inputs = load_samples(calibration)[0] if calibration else None
-        validation_samples = load_samples(validation) if validation else None
-        label_list = read_labels(labels) if labels else None
-        reg = open_registry_for(registry, create=True)
+        options: dict[str, Any] = {
+            "name": name,
+            "signing_key": key,
+            "version": version,
+            "quantize": quantize,
+            "calibration": load_samples(calibration)[0] if calibration else None,
+            "validation": load_samples(validation) if validation else None,
+            "min_agreement": min_agreement,
+            "format": format,
+            "tflite_file": tflite_file,
+            "labels": read_labels(labels) if labels else None,
+            "expires_in_days": expires_in_days,
+        }
+        reg = None if client is not None else open_registry_for(registry, create=True)
         try:
+            target = _publish_target(client, reg, store)
             result = with_progress(
-                lambda progress: publish_model(
-                    source,
-                    name=name,
-                    registry=reg,
-                    store=open_store(store),
-                    signing_key=key,
-                    version=version,
-                    quantize=quantize,  # type: ignore[arg-type]  # checked above
-                    calibration=calibration_inputs,
-                    validation=validation_samples,
-                    min_agreement=min_agreement,
-                    format=format,  # type: ignore[arg-type]
-                    tflite_file=tflite_file,
-                    labels=label_list,
-                    expires_in_days=expires_in_days,
-                    progress=progress,
-                )
+                lambda progress: publish_model(source, target=target, progress=progress, **options)
             )
         finally:
-            reg.close()
+            if reg is not None:
+                reg.close()
     print_published(result)
+
+
+def _publish_target(
+    client: AdminClient | None, registry: Registry | None, store: str
+) -> PublishTarget:
+    """The CDN's admin API, or the registry and store here."""
+    from model_cdn import open_store
+    from model_cdn.publish import AdminApiTarget, LocalTarget
+
+    if client is not None:
+        return AdminApiTarget(client)
+    assert registry is not None
+    return LocalTarget(registry, open_store(store))

@@ -1,13 +1,63 @@
-"""How ``tandem models publish`` looks: a progress bar while it works, a summary table after."""
+"""How ``tandem models`` looks: the listings, and publishing's progress bar and summary."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._common import ratio_text, size_text
 
-__all__ = ["print_published", "read_labels", "with_progress"]
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from model_cdn import Registry, VersionRecord
+
+__all__ = ["models_table", "print_published", "read_labels", "versions_table", "with_progress"]
+
+
+def _table() -> Table:
+    from rich import box
+    from rich.table import Table
+
+    return Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+
+
+def models_table(registry: Registry, models: list[str]) -> Table:
+    """One row per model: its latest version, how many, when, and the blob."""
+    table = _table()
+    for column in ("model", "latest", "versions", "published"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("blob", overflow="ellipsis")  # gives way when narrow
+    for model in models:
+        records = registry.list_versions(model)
+        last = records[-1]
+        table.add_row(
+            model,
+            str(last.version),
+            str(len(records)),
+            last.published_at,
+            last.blob_digest.removeprefix("sha256:")[:12],
+        )
+    return table
+
+
+def versions_table(records: list[VersionRecord]) -> Table:
+    """One row per version of a model: when, how it was quantized, how well it agrees."""
+    table = _table()
+    for column in ("version", "published", "method", "agreement", "accuracy"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("blob", overflow="ellipsis")
+    for record in records:
+        q = record.manifest.get("signed", {}).get("quantization", {})
+        table.add_row(
+            str(record.version),
+            record.published_at,
+            str(q.get("method", "—")),
+            ratio_text(q.get("agreement")),
+            ratio_text(q.get("accuracy")),
+            record.blob_digest.removeprefix("sha256:")[:12],
+        )
+    return table
 
 
 def read_labels(path: Path) -> list[str]:
@@ -22,8 +72,8 @@ def with_progress(run: Any) -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    stages = ["load float model", "quantize", "validate", "compress and store", "delta"]
-    stages.append("sign and register")
+    stages = ["load float model", "quantize", "validate", "compress", "delta"]
+    stages.append("store and register")
     with Progress(
         TextColumn("{task.description:<20}"),
         BarColumn(),
