@@ -94,7 +94,7 @@ def run() -> dict[str, Any]:
     sweep = _executor_sweep(executor, input_name)
     batcher = DynamicBatcher(
         executor,
-        inputs=[TensorSpec(input_name, spec.datatype, spec.dims[1:])],
+        inputs=[TensorSpec(input_name, spec.datatype, spec.shape[1:])],
         max_batch_size=BATCH_SIZE,
         max_queue_delay_ms=QUEUE_DELAY_MS,
         model="cloud",

@@ -10,12 +10,13 @@ Quick start::
 
 The pieces: ``ModelRepository`` (Triton-like directories, see ``ModelConfig``)
 → executors (``OnnxExecutor``, ``TorchExecutor``, ``CallableExecutor``)
-→ ``DynamicBatcher`` (one per model) ← ``MqttWorker`` (requests in, replies
-out), all owned by ``Hub``, whose ``HubMetrics`` (``hub.prometheus``) keeps
-its Prometheus registry. ``cloud_hub.http`` serves the same hub over HTTP
-(the Open Inference Protocol v2, and ``/metrics``); it is imported on first
-use, since it pulls in FastAPI and uvicorn. Errors derive from ``HubError``;
-each carries the wire ``ErrorCode`` a device receives.
+→ ``DynamicBatcher`` (one per model) ← ``MqttFront`` (requests in, replies
+out, over a ``shared.MqttSession``), all owned by ``Hub``, whose
+``HubMetrics`` (``hub.prometheus``) keeps its Prometheus registry.
+``cloud_hub.http`` serves the same hub over HTTP (the Open Inference
+Protocol v2, and ``/metrics``); it is imported on first use, since it pulls
+in FastAPI and uvicorn. Errors derive from ``HubError``; each carries the
+wire ``ErrorCode`` a device receives.
 """
 
 import importlib as _importlib
@@ -38,7 +39,7 @@ from ._errors import (
     error_code,
 )
 from ._metrics import BatcherMetrics, BatcherStats
-from ._mqtt_worker import MqttWorker
+from ._mqtt_front import MqttFront
 from ._prometheus import HubMetrics
 from ._repository import ModelRepository, ServedModel
 from ._server import Hub
@@ -64,6 +65,7 @@ __all__ = [
     "ModelConfigError",
     "ModelNotFoundError",
     "ModelRepository",
+    "MqttFront",
     "MqttWorker",
     "OnnxExecutor",
     "OverloadedError",
@@ -76,6 +78,10 @@ __all__ = [
     "error_code",
     "http",
 ]
+
+
+MqttWorker = MqttFront
+"""Deprecated name of ``MqttFront``."""
 
 
 def __getattr__(name: str) -> object:

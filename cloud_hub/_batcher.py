@@ -48,7 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from ._config import TensorSpec
+from shared import TensorSpec
+
 from ._errors import (
     DeadlineExceededError,
     ExecutorError,

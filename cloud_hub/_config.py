@@ -26,11 +26,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from shared import DATATYPES
+from shared import TensorError, TensorSpec
 
 from ._errors import ModelConfigError
 
-__all__ = ["DEFAULT_MAX_BATCH_SIZE", "PLATFORMS", "ModelConfig", "TensorSpec", "resolve_config"]
+__all__ = [
+    "DEFAULT_MAX_BATCH_SIZE",
+    "PLATFORMS",
+    "ModelConfig",
+    "TensorSpec",
+    "resolve_config",
+    "spec_from_json",
+]
 
 Platform = Literal["onnxruntime", "torch", "custom"]
 PLATFORMS: tuple[str, ...] = ("onnxruntime", "torch")
@@ -48,53 +55,25 @@ _KEYS = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class TensorSpec:
-    """A model input or output: an Open Inference Protocol datatype and dims (-1: any size)."""
-
-    name: str
-    datatype: str
-    dims: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name or len(self.name) > 256:
-            raise ModelConfigError(f"tensor name must be 1-256 characters, got {self.name!r}")
-        if self.datatype not in DATATYPES:
-            raise ModelConfigError(
-                f"tensor {self.name!r}: unknown datatype {self.datatype!r}; "
-                f"expected one of {', '.join(DATATYPES)}"
-            )
-        dims = tuple(self.dims)
-        if not all(
-            isinstance(d, int) and not isinstance(d, bool) and (d > 0 or d == -1) for d in dims
-        ):
-            raise ModelConfigError(
-                f"tensor {self.name!r}: dims must be positive ints or -1, got {list(dims)}"
-            )
-        object.__setattr__(self, "dims", dims)
-
-    def describe(self) -> str:
-        dims = ", ".join("?" if d < 0 else str(d) for d in self.dims)
-        return f"{self.name}: {self.datatype}[{dims}]"
-
-    @classmethod
-    def from_json(cls, data: object, where: str) -> TensorSpec:
-        if not isinstance(data, Mapping):
-            raise ModelConfigError(f"{where}: must be an object with name, datatype and dims")
-        unknown = set(data) - {"name", "datatype", "dims"}
-        if unknown:
-            raise ModelConfigError(f"{where}: unknown keys {sorted(unknown)}")
-        dims = data.get("dims")
-        if not isinstance(dims, list):
-            raise ModelConfigError(f"{where}.dims: must be a list of ints (-1 for any size)")
-        try:
-            return cls(
-                data.get("name"),  # type: ignore[arg-type]  # checked in __post_init__
-                data.get("datatype"),  # type: ignore[arg-type]
-                tuple(-1 if d is None else d for d in dims),
-            )
-        except ModelConfigError as e:
-            raise ModelConfigError(f"{where}: {e}") from None
+def spec_from_json(data: object, where: str) -> TensorSpec:
+    """A config.json tensor entry (``name``, ``datatype``, ``dims`` with -1 for any size)."""
+    if not isinstance(data, Mapping):
+        raise ModelConfigError(f"{where}: must be an object with name, datatype and dims")
+    unknown = set(data) - {"name", "datatype", "dims"}
+    if unknown:
+        raise ModelConfigError(f"{where}: unknown keys {sorted(unknown)}")
+    dims = data.get("dims")
+    if not isinstance(dims, list) or not all(
+        d is None or (isinstance(d, int) and not isinstance(d, bool) and (d > 0 or d == -1))
+        for d in dims
+    ):
+        raise ModelConfigError(
+            f"{where}.dims: must be a list of positive ints (-1 or null for any size)"
+        )
+    try:
+        return TensorSpec.from_dims(data.get("name"), data.get("datatype"), dims)  # type: ignore[arg-type]
+    except TensorError as e:
+        raise ModelConfigError(f"{where}: {e}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,7 +147,7 @@ class ModelConfig:
             if not isinstance(raw, list):
                 raise ModelConfigError(f"{source}: {key}: must be a list of tensor objects")
             values[key] = tuple(
-                TensorSpec.from_json(item, f"{source}: {key}[{i}]") for i, item in enumerate(raw)
+                spec_from_json(item, f"{source}: {key}[{i}]") for i, item in enumerate(raw)
             )
         if values.get("max_queue_delay_ms") is None:
             values.pop("max_queue_delay_ms", None)
@@ -199,7 +178,7 @@ def resolve_config(
     batch = config.max_batch_size
     if batch is None:
         fixed_first = model_inputs is not None and any(
-            not s.dims or s.dims[0] != -1 for s in model_inputs
+            not s.shape or s.shape[0] is not None for s in model_inputs
         )
         batch = 0 if fixed_first else DEFAULT_MAX_BATCH_SIZE
     inputs = _resolve_specs(config.inputs, model_inputs, batch, f"{src}: inputs")
@@ -222,12 +201,12 @@ def _resolve_specs(
     per_row: list[TensorSpec] = []
     for spec in model:
         if batch:
-            if not spec.dims or spec.dims[0] != -1:
+            if not spec.shape or spec.shape[0] is not None:
                 raise ModelConfigError(
                     f"{where}: the model's {spec.describe()} has no variable batch dimension; "
                     "set max_batch_size to 0"
                 )
-            spec = TensorSpec(spec.name, spec.datatype, spec.dims[1:])
+            spec = TensorSpec(spec.name, spec.datatype, spec.shape[1:])
         per_row.append(spec)
     if declared is None:
         return tuple(per_row)
@@ -241,9 +220,10 @@ def _resolve_specs(
         actual = by_name[spec.name]
         if (
             spec.datatype != actual.datatype
-            or len(spec.dims) != len(actual.dims)
+            or len(spec.shape) != len(actual.shape)
             or any(
-                a != b and a != -1 and b != -1 for a, b in zip(spec.dims, actual.dims, strict=True)
+                a != b and a is not None and b is not None
+                for a, b in zip(spec.shape, actual.shape, strict=True)
             )
         ):
             raise ModelConfigError(
@@ -255,7 +235,9 @@ def _resolve_specs(
         TensorSpec(
             s.name,
             s.datatype,
-            tuple(b if a == -1 else a for a, b in zip(s.dims, by_name[s.name].dims, strict=True)),
+            tuple(
+                b if a is None else a for a, b in zip(s.shape, by_name[s.name].shape, strict=True)
+            ),
         )
         for s in declared
     )

@@ -84,7 +84,7 @@ from shared import ErrorCode
 if TYPE_CHECKING:
     from ._batcher import DynamicBatcher, InferenceResult
 
-__all__ = ["DURATION_BUCKETS_US", "TRANSPORTS", "HubMetrics", "batch_size_buckets"]
+__all__ = ["DURATION_BUCKETS_US", "HELP", "TRANSPORTS", "HubMetrics", "batch_size_buckets"]
 
 TRANSPORTS = ("http", "mqtt")
 # From 0.1 ms to 10 s: edge offload deadlines are tens to hundreds of milliseconds.
@@ -93,6 +93,31 @@ DURATION_BUCKETS_US: tuple[float, ...] = (
     100_000, 250_000, 500_000, 1_000_000, 2_500_000, 10_000_000,
 )  # fmt: skip
 _MODEL = ("model", "version")
+# One help text per metric, for the in-process registry and the multi-process one alike.
+HELP = {
+    "tandem_inference_request_success": "Requests answered with outputs "
+    "(Triton: nv_inference_request_success).",
+    "tandem_inference_request_failure": "Requests answered with an error; reason is the wire "
+    "error code (Triton: nv_inference_request_failure).",
+    "tandem_inference_request_duration_us": "From receipt to reply ready, answered requests, "
+    "microseconds (Triton: nv_inference_request_duration_us).",
+    "tandem_inference_queue_duration_us": "Time in the batcher's queue, microseconds "
+    "(Triton: nv_inference_queue_duration_us).",
+    "tandem_inference_compute_infer_duration_us": "Compute of the request's batch, "
+    "microseconds (Triton: nv_inference_compute_infer_duration_us).",
+    "tandem_inference_count": "Rows computed; a request of n rows counts n "
+    "(Triton: nv_inference_count).",
+    "tandem_inference_exec_count": "Batches executed; inference_count / exec_count is the mean "
+    "batch size (Triton: nv_inference_exec_count).",
+    "tandem_batch_size": "Rows per executed batch (Triton: statistics extension, batch_stats).",
+    "tandem_queue_depth": "Requests waiting in the model's queue "
+    "(Triton: nv_inference_pending_request_count).",
+    "tandem_overload_rejections": "Requests refused because the queue was full or the hub "
+    'stopping (Triton: nv_inference_request_failure{reason="REJECTED"}).',
+    "tandem_executor": "The backend and device computing a model (CPU or CUDA).",
+    "tandem_hub_process_restarts": "Hub processes (ingress, executor) restarted after they "
+    "died, by role.",
+}
 
 
 def batch_size_buckets(max_batch_size: int) -> list[int]:
@@ -122,36 +147,33 @@ class HubMetrics:
         transport = (*_MODEL, "transport")
         self._success = Counter(
             "tandem_inference_request_success",
-            "Requests answered with outputs (Triton: nv_inference_request_success).",
+            HELP["tandem_inference_request_success"],
             transport,
             registry=self.registry,
         )
         self._failure = Counter(
             "tandem_inference_request_failure",
-            "Requests answered with an error; reason is the wire error code "
-            "(Triton: nv_inference_request_failure).",
+            HELP["tandem_inference_request_failure"],
             (*transport, "reason"),
             registry=self.registry,
         )
         self._request_us = Histogram(
             "tandem_inference_request_duration_us",
-            "From receipt to reply ready, answered requests, microseconds "
-            "(Triton: nv_inference_request_duration_us).",
+            HELP["tandem_inference_request_duration_us"],
             transport,
             buckets=DURATION_BUCKETS_US,
             registry=self.registry,
         )
         self._queue_us = Histogram(
             "tandem_inference_queue_duration_us",
-            "Time in the batcher's queue, microseconds (Triton: nv_inference_queue_duration_us).",
+            HELP["tandem_inference_queue_duration_us"],
             _MODEL,
             buckets=DURATION_BUCKETS_US,
             registry=self.registry,
         )
         self._compute_us = Histogram(
             "tandem_inference_compute_infer_duration_us",
-            "Compute of the request's batch, microseconds "
-            "(Triton: nv_inference_compute_infer_duration_us).",
+            HELP["tandem_inference_compute_infer_duration_us"],
             _MODEL,
             buckets=DURATION_BUCKETS_US,
             registry=self.registry,
@@ -261,35 +283,32 @@ class _BatcherCollector:
         return {
             "count": CounterMetricFamily(
                 "tandem_inference_count",
-                "Rows computed; a request of n rows counts n (Triton: nv_inference_count).",
+                HELP["tandem_inference_count"],
                 labels=labels,
             ),
             "exec": CounterMetricFamily(
                 "tandem_inference_exec_count",
-                "Batches executed; inference_count / exec_count is the mean batch size "
-                "(Triton: nv_inference_exec_count).",
+                HELP["tandem_inference_exec_count"],
                 labels=labels,
             ),
             "batch": HistogramMetricFamily(
                 "tandem_batch_size",
-                "Rows per executed batch (Triton: statistics extension, batch_stats).",
+                HELP["tandem_batch_size"],
                 labels=labels,
             ),
             "depth": GaugeMetricFamily(
                 "tandem_queue_depth",
-                "Requests waiting in the model's queue "
-                "(Triton: nv_inference_pending_request_count).",
+                HELP["tandem_queue_depth"],
                 labels=labels,
             ),
             "rejected": CounterMetricFamily(
                 "tandem_overload_rejections",
-                "Requests refused because the queue was full or the hub stopping "
-                '(Triton: nv_inference_request_failure{reason="REJECTED"}).',
+                HELP["tandem_overload_rejections"],
                 labels=labels,
             ),
             "executor": InfoMetricFamily(
                 "tandem_executor",
-                "The backend and device computing a model (CPU or CUDA).",
+                HELP["tandem_executor"],
                 labels=labels,
             ),
         }

@@ -29,15 +29,14 @@ Invariants of ``RequestQueue.take(now)``:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from shared import TensorError, datatype_of, shape_compatible
+from shared import TensorError, TensorSpec, datatype_of, shape_compatible
 
-from ._config import TensorSpec
 from ._errors import InvalidRequestError, OverloadedError, RequestTooLargeError
 
 __all__ = [
@@ -106,6 +105,13 @@ class RequestQueue:
         items = list(self._items)
         self._items.clear()
         return items
+
+    def discard(self, doomed: Callable[[PendingRequest], bool]) -> list[PendingRequest]:
+        """Remove and return the requests ``doomed`` picks (the others keep their order)."""
+        removed = [r for r in self._items if doomed(r)]
+        if removed:
+            self._items = deque(r for r in self._items if not doomed(r))
+        return removed
 
     def take(self, now: float, *, flush: bool = False, idle: bool = False) -> Take:
         result = Take()
@@ -184,11 +190,11 @@ def check_inputs(
             raise InvalidRequestError(
                 f"input {spec.name!r} of model {model!r} must be {spec.datatype}, got {datatype}"
             )
-        declared = (-1, *spec.dims) if batched else spec.dims
+        declared = (None, *spec.shape) if batched else spec.shape
         if not shape_compatible(array.shape, declared) or (batched and array.shape[0] < 1):
             raise InvalidRequestError(
                 f"input {spec.name!r} of model {model!r} must have shape "
-                f"{_dims(spec, batched)}, got {list(array.shape)}"
+                f"{_shape_text(spec, batched)}, got {list(array.shape)}"
             )
         if batched:
             rows.add(array.shape[0])
@@ -227,11 +233,11 @@ def split_outputs(
     return parts
 
 
-def _dims(spec: TensorSpec, batched: bool) -> str:
+def _shape_text(spec: TensorSpec, batched: bool) -> str:
     dims = ["?"] if batched else []
-    dims += ["?" if d < 0 else str(d) for d in spec.dims]
+    dims += ["?" if d is None else str(d) for d in spec.shape]
     return f"[{', '.join(dims)}]"
 
 
 def _describe(spec: TensorSpec, batched: bool) -> str:
-    return f"{spec.name}: {spec.datatype}{_dims(spec, batched)}"
+    return spec.describe(batched=batched)

@@ -19,22 +19,27 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import signal
+import socket
 import threading
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from shared import Limits, MqttSettings, Topics
 
+from ._backend import LocalBackend
 from ._batcher import DynamicBatcher, ResultFuture
 from ._config import ModelConfig
+from ._crt_session import open_session
 from ._errors import HubStoppingError, ModelNotFoundError
 from ._metrics import BatcherStats
-from ._mqtt_worker import MqttWorker
+from ._mqtt_front import MqttFront
 from ._prometheus import HubMetrics
 from ._repository import ModelRepository, ServedModel
 from .executors import Executor
@@ -66,6 +71,7 @@ class Hub:
         client_id: str | None = None,
         torch_device: str | None = None,
         connect_timeout_s: float | None = 10.0,
+        mqtt_client: Literal["auto", "crt", "paho"] = "auto",
     ) -> None:
         if isinstance(repository, ModelRepository):
             self.repository, self._path, self._owns_repository = repository, None, False
@@ -80,7 +86,8 @@ class Hub:
         self.client_id = client_id
         self.torch_device = torch_device
         self.connect_timeout_s = connect_timeout_s
-        self.worker: MqttWorker | None = None
+        self.mqtt_client = mqtt_client
+        self.worker: MqttFront | None = None
         self._batchers: dict[str, DynamicBatcher] = {}
         self._lock = threading.Lock()
         self._running = False
@@ -140,6 +147,11 @@ class Hub:
             return list(self._batchers.values())
 
     @property
+    def backend(self) -> LocalBackend:
+        """This hub as a ``Backend``, for transports (MQTT, HTTP) in this process."""
+        return LocalBackend(self)
+
+    @property
     def running(self) -> bool:
         """True between ``start`` and ``stop``: ``submit`` takes requests."""
         return self._running
@@ -157,13 +169,17 @@ class Hub:
             for served in self.repository:
                 self._serve(served)
             if self.mqtt is not None:
-                self.worker = MqttWorker(
-                    self._submit_from_worker,
-                    mqtt=self.mqtt,
+                session = open_session(
+                    self.mqtt,
+                    self.client_id or _client_id(),
+                    client=self.mqtt_client,
+                )
+                self.worker = MqttFront(
+                    LocalBackend(self),
+                    session,
                     topics=self.topics,
                     share_group=self.share_group,
                     limits=self.limits,
-                    client_id=self.client_id,
                     on_reply=functools.partial(self.prometheus.record, "mqtt"),
                 )
                 self.worker.start(wait_s=self.connect_timeout_s)
@@ -240,15 +256,10 @@ class Hub:
         if old is not None:
             old.stop()
 
-    def _submit_from_worker(
-        self,
-        model: str,
-        version: str | None,
-        inputs: Mapping[str, np.ndarray],
-        deadline: float | None,
-    ) -> ResultFuture:
-        return self.submit(model, inputs, version=version, deadline=deadline)
-
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         log.info("got %s; stopping", signal.Signals(signum).name)
         self._stop_requested.set()
+
+
+def _client_id() -> str:
+    return f"tandem-hub-{socket.gethostname()[:24]}-{os.getpid()}-{uuid.uuid4().hex[:6]}"

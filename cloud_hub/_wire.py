@@ -1,9 +1,11 @@
-"""Pure helpers between MQTT frames and the batcher: who to answer, and with what.
+"""Pure helpers between MQTT frames and the backend: whom to answer, and where.
 
-The worker answers every request it can correlate, including those whose
+The MQTT front answers every request it can correlate, including those whose
 frame it cannot decode. ``salvage_target`` reads just enough of a bad
 frame's header (the id, the reply topic) to send a typed error back;
-without both, there is nobody to answer and the frame is dropped.
+without both, there is nobody to answer and the frame is dropped. A
+``ReplyTarget`` keeps the request's header (``request``, a ``Message``
+without tensors), from which the reply is built with ``Message.reply``.
 
 ``reply_topic_allowed`` keeps the hub from being used as a reflector: a
 reply goes to an ordinary topic, never to a ``$`` system topic or back onto
@@ -18,15 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shared import NAME_PATTERN, ErrorCode, Limits, Message, Topics, decode_header
+from shared import NAME_PATTERN, Limits, Message, ProtocolError, Topics, decode_header
 
-__all__ = [
-    "ReplyTarget",
-    "error_reply",
-    "reply_topic_allowed",
-    "salvage_target",
-    "timing_ms",
-]
+__all__ = ["ReplyTarget", "reply_topic_allowed", "salvage_target"]
 
 _MAX_TOPIC = 512
 
@@ -35,14 +31,27 @@ _MAX_TOPIC = 512
 class ReplyTarget:
     """Where and how to answer one request. ``deadline`` is in ``time.monotonic()`` seconds."""
 
-    request_id: str
+    request: Message  # the header; replies are built with ``request.reply``
     reply_to: str
-    model: str
     received: float  # monotonic time the hub got the frame
-    device_id: str | None = None
-    model_version: str | None = None
     correlation_data: bytes | None = None  # MQTT 5, echoed back when the request had it
     deadline: float | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def model(self) -> str:
+        return self.request.model
+
+    @property
+    def model_version(self) -> str | None:
+        return self.request.model_version
+
+    @property
+    def device_id(self) -> str | None:
+        return self.request.device_id
 
     @classmethod
     def of(
@@ -54,12 +63,9 @@ class ReplyTarget:
     ) -> ReplyTarget:
         deadline = None if request.timeout_ms is None else received + request.timeout_ms / 1000.0
         return cls(
-            request_id=request.request_id,
+            request=request,
             reply_to=reply_to,
-            model=request.model,
             received=received,
-            device_id=request.device_id,
-            model_version=request.model_version,
             correlation_data=correlation_data,
             deadline=deadline,
         )
@@ -127,36 +133,21 @@ def salvage_target(
             budget_ms = math.inf
         if math.isfinite(budget_ms) and budget_ms >= 0:
             deadline = received + budget_ms / 1000.0
+    try:
+        request = Message(
+            kind="request",
+            request_id=request_id,
+            model=model,
+            model_version=version if isinstance(version, str) and 0 < len(version) <= 64 else None,
+            device_id=device if isinstance(device, str) and 0 < len(device) <= 128 else None,
+            reply_to=reply_to,
+        )
+    except ProtocolError:  # an id or name the envelope would refuse to carry back
+        return None
     return ReplyTarget(
-        request_id=request_id,
+        request=request,
         reply_to=reply_to,
-        model=model,
         received=received,
-        device_id=device if isinstance(device, str) and 0 < len(device) <= 128 else None,
-        model_version=version if isinstance(version, str) and 0 < len(version) <= 64 else None,
         correlation_data=correlation_data,
         deadline=deadline,
     )
-
-
-def error_reply(
-    target: ReplyTarget, code: ErrorCode, message: str, timing: Mapping[str, float] | None = None
-) -> Message:
-    """The error reply to ``target``'s request."""
-    return Message(
-        kind="reply",
-        request_id=target.request_id,
-        model=target.model,
-        model_version=target.model_version,
-        device_id=target.device_id,
-        error=code,
-        error_message=message[:1000],
-        timing=dict(timing or {}),
-    )
-
-
-def timing_ms(target: ReplyTarget, now: float, **parts: float) -> dict[str, float]:
-    """The reply's ``timing``: the given parts plus ``hub_ms`` since the frame arrived."""
-    timing = {k: round(v, 3) for k, v in parts.items()}
-    timing["hub_ms"] = round(1000.0 * (now - target.received), 3)
-    return timing

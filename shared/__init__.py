@@ -63,6 +63,7 @@ from ._manifest import (
     verify_manifest,
 )
 from ._mqtt import MqttSettings, TlsSettings, create_client, publish_properties, resolve_protocol
+from ._mqtt_session import InboundMessage, MqttSession, PahoSession, PublishHandle
 from ._signing import PublicKey, SigningKey, canonical_json, sign_document, verify_signed
 from ._status import UpdateState, UpdateStatus
 from ._tensor_spec import TensorSpec
@@ -103,15 +104,19 @@ __all__ = [
     "ErrorCode",
     "ExpiredError",
     "FrameError",
+    "InboundMessage",
     "InvalidApiKeyError",
     "LimitExceededError",
     "Limits",
     "ManifestError",
     "Message",
     "ModelManifest",
+    "MqttSession",
     "MqttSettings",
+    "PahoSession",
     "ProtocolError",
     "PublicKey",
+    "PublishHandle",
     "RateLimitedError",
     "ReplyTiming",
     "ScopeError",

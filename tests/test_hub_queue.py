@@ -58,14 +58,14 @@ def test_check_inputs_refuses_more_rows_than_a_batch_holds():
 
 
 def test_check_inputs_needs_equal_rows_across_inputs():
-    specs = (TensorSpec("a", "FP32", (2,)), TensorSpec("b", "INT64", (-1,)))
+    specs = (TensorSpec("a", "FP32", (2,)), TensorSpec("b", "INT64", (None,)))
     inputs = {"a": np.zeros((2, 2), np.float32), "b": np.zeros((3, 5), np.int64)}
     with pytest.raises(InvalidRequestError, match="same number of rows"):
         check_inputs(inputs, specs, max_batch_size=8)
 
 
 def test_check_inputs_free_dims_go_into_the_key():
-    specs = (TensorSpec("tokens", "INT64", (-1,)),)
+    specs = (TensorSpec("tokens", "INT64", (None,)),)
     _, _, key = check_inputs({"tokens": np.zeros((2, 7), np.int64)}, specs, max_batch_size=8)
     assert key == ((7,),)
 

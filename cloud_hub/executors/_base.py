@@ -23,9 +23,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from shared import numpy_dtype
+from shared import TensorSpec, numpy_dtype
 
-from .._config import TensorSpec
 from .._errors import ExecutorError, HubError
 
 __all__ = ["CallableExecutor", "Executor"]
@@ -96,7 +95,7 @@ class Executor(ABC):
         """Run one all-zeros batch (one row; free dims of size 1)."""
         batch: dict[str, np.ndarray] = {}
         for spec in inputs:
-            shape = tuple(1 if d < 0 else d for d in spec.dims)
+            shape = tuple(1 if d is None else d for d in spec.shape)
             if batched:
                 shape = (1, *shape)
             dtype = numpy_dtype(spec.datatype)

@@ -14,9 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from shared import ONNX_DATATYPES
+from shared import ONNX_DATATYPES, TensorSpec
 
-from .._config import TensorSpec
 from .._errors import RepositoryError
 from ._base import Executor
 
@@ -91,5 +90,5 @@ def _spec(arg: Any) -> TensorSpec:
             f"tensor {arg.name!r} has type {arg.type}, which the hub cannot serve"
         )
     # Symbolic ("batch"), unknown (None) and negative dims are all free.
-    dims = tuple(d if isinstance(d, int) and d > 0 else -1 for d in (arg.shape or ()))
-    return TensorSpec(arg.name, datatype, dims)
+    shape = tuple(d if isinstance(d, int) and d > 0 else None for d in (arg.shape or ()))
+    return TensorSpec(arg.name, datatype, shape)

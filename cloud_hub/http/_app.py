@@ -39,12 +39,16 @@ probes, ``/v2`` and ``/metrics`` stay open.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import logging
+import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Annotated, Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Protocol, TypeVar
 
+import numpy as np
 from fastapi import APIRouter, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -53,17 +57,25 @@ from pydantic.json_schema import models_json_schema
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shared import ApiKeyGuard, ErrorCode, LimitExceededError, ProtocolError, TensorError
+from shared import (
+    ApiKeyGuard,
+    ErrorCode,
+    LimitExceededError,
+    Limits,
+    ProtocolError,
+    TensorError,
+)
 
+from .._backend import Backend, Outcome
+from .._batcher import InferenceResult
 from .._errors import (
     BadRequestError,
     ExecutorError,
     HubError,
-    HubStoppingError,
     InvalidRequestError,
     error_code,
 )
-from .._repository import ServedModel
+from .._link import ModelInfo
 from .._server import Hub
 from ._auth import api_key_auth
 from ._codec import (
@@ -84,7 +96,13 @@ from ._schemas import (
     ServerMetadata,
 )
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_BYTES", "SERVER_NAME", "create_app"]
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_JSON_BYTES",
+    "SERVER_NAME",
+    "ServedHub",
+    "create_app",
+]
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +141,38 @@ class _UnsupportedEncodingError(BadRequestError):
     """A compressed request body (Content-Encoding other than identity): answered 415."""
 
 
+class MetricsSink(Protocol):
+    content_type: str
+
+    def record(
+        self,
+        transport: str,
+        model: str,
+        version: str | None,
+        *,
+        received: float,
+        error: ErrorCode = ErrorCode.OK,
+        result: InferenceResult | None = None,
+    ) -> None: ...
+
+    def render(self) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class ServedHub:
+    """What the API serves: a backend, where answers are counted, and the size limits.
+
+    ``create_app(hub)`` builds one from an in-process ``Hub``; a hub's HTTP
+    ingress process builds one over its executor pool.
+    """
+
+    backend: Backend
+    metrics: MetricsSink
+    limits: Limits
+
+
 def create_app(
-    hub: Hub,
+    hub: Hub | ServedHub,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
@@ -132,6 +180,8 @@ def create_app(
     api_keys: ApiKeyGuard | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``hub`` (which the caller starts and stops)."""
+    if isinstance(hub, Hub):
+        hub = ServedHub(hub.backend, hub.prometheus, hub.limits)
     if max_body_bytes <= 0 or max_json_bytes <= 0:
         raise ValueError("max_body_bytes and max_json_bytes must be positive")
     if api_keys is not None:
@@ -237,10 +287,12 @@ def _versioned(api: _InferenceApi) -> _Handlers:
 
 
 class _InferenceApi:
-    """The route handlers, over one hub."""
+    """The route handlers, over one served hub."""
 
-    def __init__(self, hub: Hub, *, max_body_bytes: int, max_json_bytes: int) -> None:
-        self.hub = hub
+    def __init__(self, hub: ServedHub, *, max_body_bytes: int, max_json_bytes: int) -> None:
+        self.backend = hub.backend
+        self.prometheus = hub.metrics
+        self.limits = hub.limits
         self.max_body_bytes = max_body_bytes
         self.max_json_bytes = max_json_bytes
 
@@ -251,39 +303,39 @@ class _InferenceApi:
         return {"live": True}
 
     async def ready(self) -> Any:
-        waiting = [m.label for m in self.hub.repository if not self._model_ready(m)]
-        if not self.hub.running or waiting:
-            why = "the hub is not running" if not self.hub.running else f"loading {waiting}"
+        if not self.backend.ready():
+            waiting = [m for m in self.backend.model_names() if not self.backend.model_ready(m)]
+            why = f"loading {waiting}" if waiting else "the hub is not running"
             return _error_response(503, f"not ready: {why}")
         return {"ready": True}
 
     async def model_metadata(self, model_name: str, model_version: str | None) -> Any:
-        served = self.hub.repository.get(model_name, model_version)
-        batched = served.config.batched
+        info = self.backend.describe(model_name, model_version)
+        batched = info.max_batch_size > 0
 
-        def tensors(specs: Sequence[Any] | None) -> list[dict[str, Any]]:
+        def tensors(specs: Sequence[Any]) -> list[dict[str, Any]]:
             return [
                 {
                     "name": s.name,
                     "datatype": s.datatype,
-                    "shape": [-1, *s.dims] if batched else list(s.dims),
+                    "shape": [-1, *s.dims] if batched else list(s.dims),  # KServe: -1 is free
                 }
-                for s in specs or ()
+                for s in specs
             ]
 
         return {
-            "name": served.name,
-            "versions": [served.version],
-            "platform": served.config.platform or served.executor.platform,
-            "inputs": tensors(served.config.inputs),
-            "outputs": tensors(served.config.outputs),
+            "name": info.model,
+            "versions": [info.version],
+            "platform": info.platform,
+            "inputs": tensors(info.inputs),
+            "outputs": tensors(info.outputs),
         }
 
     async def model_ready(self, model_name: str, model_version: str | None) -> Any:
-        served = self.hub.repository.get(model_name, model_version)
-        if not self._model_ready(served):
-            return _error_response(503, f"model {served.label} is not ready")
-        return {"name": served.name, "ready": True}
+        info = self.backend.describe(model_name, model_version)
+        if not self.backend.model_ready(model_name, model_version):
+            return _error_response(503, f"model {info.model}@{info.version} is not ready")
+        return {"name": info.model, "ready": True}
 
     async def infer(
         self,
@@ -303,16 +355,14 @@ class _InferenceApi:
             header_length = parse_header_length(
                 inference_header_content_length, len(body), max_json_bytes=self.max_json_bytes
             )
-            if not self.hub.running:
-                raise HubStoppingError("the hub is not serving; try again shortly")
-            served = self.hub.repository.get(model_name, model_version)
+            info = self.backend.describe(model_name, model_version)
             decoded = await _maybe_offload(
-                len(body), decode_infer_request, body, header_length, limits=self.hub.limits
+                len(body), decode_infer_request, body, header_length, limits=self.limits
             )
-            _check_outputs(served, decoded)
+            _check_outputs(info, decoded)
             deadline = None if decoded.timeout_us is None else received + decoded.timeout_us / 1e6
-            result = await self.hub.submit(
-                model_name, decoded.inputs, version=model_version, deadline=deadline
+            result = await _submit(
+                self.backend, model_name, model_version, decoded.inputs, deadline, received
             )
             try:
                 content, json_length = await _maybe_offload(
@@ -326,16 +376,14 @@ class _InferenceApi:
                     binary_output=decoded.binary_output,
                 )
             except TensorError as e:  # the model's outputs, not the request, are at fault
-                raise ExecutorError(f"cannot encode {served.label}'s outputs: {e}") from e
+                raise ExecutorError(
+                    f"cannot encode {info.model}@{info.version}'s outputs: {e}"
+                ) from e
         except Exception as e:  # every failure becomes its status; asyncio cancellation passes
             status, code, message = _describe(e)
-            self.hub.prometheus.record(
-                "http", model_name, model_version, received=received, error=code
-            )
+            self.prometheus.record("http", model_name, model_version, received=received, error=code)
             return _error_response(status, message)
-        self.hub.prometheus.record(
-            "http", model_name, model_version, received=received, result=result
-        )
+        self.prometheus.record("http", model_name, model_version, received=received, result=result)
         if json_length is None:
             return Response(content, media_type="application/json")
         return Response(
@@ -346,15 +394,38 @@ class _InferenceApi:
 
     def metrics(self) -> Response:  # sync: FastAPI runs it in a worker thread
         return Response(
-            self.hub.prometheus.render(),
-            headers={"Content-Type": self.hub.prometheus.content_type},
+            self.prometheus.render(), headers={"Content-Type": self.prometheus.content_type}
         )
 
-    def _model_ready(self, served: ServedModel) -> bool:
-        return self.hub.running and any(
-            b.model == served.name and b.version == served.version and b.running
-            for b in self.hub.batchers()
-        )
+
+async def _submit(
+    backend: Backend,
+    model: str,
+    version: str | None,
+    inputs: Mapping[str, np.ndarray],
+    deadline: float | None,
+    arrival: float,
+) -> InferenceResult:
+    """Submit to ``backend`` and await its answer, whichever thread gives it."""
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[Outcome] = loop.create_future()
+    here = threading.get_ident()
+
+    def settle(outcome: Outcome) -> None:
+        if not answer.done():  # the client may have gone (the task was cancelled)
+            answer.set_result(outcome)
+
+    def done(outcome: Outcome) -> None:
+        if threading.get_ident() == here:
+            settle(outcome)
+        else:
+            loop.call_soon_threadsafe(settle, outcome)
+
+    backend.submit(model, version, inputs, deadline=deadline, arrival=arrival, done=done)
+    outcome = await answer
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
 
 
 # -- helpers -------------------------------------------------------------------------------
@@ -379,15 +450,16 @@ async def _maybe_offload(size: int, fn: Callable[..., _T], *args: Any, **kwargs:
     return fn(*args, **kwargs)
 
 
-def _check_outputs(served: ServedModel, request: InferRequest) -> None:
+def _check_outputs(info: ModelInfo, request: InferRequest) -> None:
     """Refuse unknown requested outputs before compute, not after."""
-    if request.outputs is None or not served.config.outputs:
+    if request.outputs is None or not info.outputs:
         return
-    known = {s.name for s in served.config.outputs}
+    known = {s.name for s in info.outputs}
     unknown = [o.name for o in request.outputs if o.name not in known]
     if unknown:
         raise InvalidRequestError(
-            f"model {served.label} has no output {unknown[0]!r}; it has {sorted(known)}"
+            f"model {info.model}@{info.version} has no output {unknown[0]!r}; "
+            f"it has {sorted(known)}"
         )
 
 

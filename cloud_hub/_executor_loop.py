@@ -1,0 +1,315 @@
+"""An executor process's loop: one model instance, one batching queue, every ingress.
+
+One thread does everything, in this order, round after round: accept new
+ingress links; read every announced request out of the rings into the
+``RequestQueue`` (``_queue``: batch formation, expiry, bounded size); form
+a batch and compute it; write each request's reply into the ring of the
+ingress that sent it; tell each ingress how far its rings moved. With no
+threads there are no hand-offs and no locks on the way of a request; while
+a batch computes, the next requests wait in the rings and join the queue as
+soon as it ends (they are read before the next batch is formed, so batches
+fill up under load rather than leaving one by one).
+
+Every request gets exactly one reply, to its own key, from its own ingress's
+link: outputs (rows in its own order), or ``deadline_exceeded`` (its
+deadline passed in the queue), ``overloaded`` (the queue is full, or the
+executor is stopping), ``internal`` (the model failed on its batch). A
+request whose ingress has gone (its link closed) is dropped from the queue:
+nobody is left to answer, and that ingress's devices time out and fall back.
+
+Metrics go into a ``MetricsBook`` (``_metrics_book``) under the Triton-like
+names of ``_prometheus``: rows and batches executed, batch sizes, queue and
+compute durations, rejections, queue depth, and the executor's device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from shared import ErrorCode
+
+from ._errors import ExecutorError, HubError
+from ._link import IngressPeer, LinkClosedError, LinkServer, ModelInfo
+from ._metrics_book import MetricsBook
+from ._prometheus import DURATION_BUCKETS_US, batch_size_buckets
+from ._queue import PendingRequest, RequestQueue, split_outputs, stack_inputs
+from ._records import RequestRecord
+from ._repository import ServedModel
+
+__all__ = ["ExecutorLoop", "model_info"]
+
+log = logging.getLogger(__name__)
+
+_IDLE_WAKE_S = 0.5  # with nothing queued, still look at ``on_tick`` this often
+
+
+def model_info(served: ServedModel, *, instance: int = 0) -> ModelInfo:
+    """What an executor of ``served`` tells every ingress in its hello."""
+    config = served.config
+    return ModelInfo(
+        model=served.name,
+        version=served.version,
+        platform=str(config.platform),
+        max_batch_size=config.max_batch_size or 0,
+        inputs=tuple(config.inputs or ()),
+        outputs=tuple(config.outputs or ()),
+        device=_device(served),
+        instance=instance,
+        pid=os.getpid(),
+        extra={
+            "max_queue_size": config.max_queue_size,
+            "max_queue_delay_ms": config.max_queue_delay_ms,
+        },
+    )
+
+
+class ExecutorLoop:
+    """Serves ``served`` to every ingress that connects to ``address`` (see module docstring)."""
+
+    def __init__(
+        self,
+        served: ServedModel,
+        *,
+        address: str,
+        instance: int = 0,
+        book: MetricsBook | None = None,
+        on_tick: Callable[[], None] | None = None,
+    ) -> None:
+        config = served.config
+        self.served = served
+        self.info = model_info(served, instance=instance)
+        self.batched = config.batched
+        self._input_names = [s.name for s in self.info.inputs]
+        self._output_index = {s.name: i for i, s in enumerate(self.info.outputs)}
+        self.queue = RequestQueue(
+            max_batch_size=config.max_batch_size or 0,
+            max_queue_delay_s=config.max_queue_delay_ms / 1000.0,
+            max_queue_size=config.max_queue_size,
+        )
+        self.book = book or MetricsBook("executor")
+        self._labels = (served.name, served.version)
+        self._batch_bounds = batch_size_buckets(config.max_batch_size or 0)
+        self.book.set_info(
+            "tandem_executor",
+            self._labels,
+            {"platform": self.info.platform, "device": self.info.device},
+        )
+        self._on_tick = on_tick
+        self._selector = selectors.DefaultSelector()
+        self.server = LinkServer(address, self.info)
+        self._selector.register(self.server, selectors.EVENT_READ)
+        self._peers: set[IngressPeer] = set()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._stopping = False
+        self._wake_at: float | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Make ``run`` answer what is queued ("overloaded") and return. Thread- and signal-safe."""
+        self._stopping = True
+        with contextlib.suppress(OSError):  # the pipe is full (a wake-up is pending) or closed
+            os.write(self._wake_w, b"x")
+
+    def run(self) -> None:
+        """Serve until ``stop``; then close every link and the listening socket."""
+        log.info("executor %s serving on %s", self.info.model, self.info.device)
+        try:
+            while not self._stopping:
+                self._poll(self._timeout())
+                self._work()
+                self._flush()
+                if self._on_tick is not None:
+                    self._on_tick()
+        finally:
+            self._shutdown()
+
+    # -- one round ------------------------------------------------------------------------
+
+    def _timeout(self) -> float:
+        if self._wake_at is None:
+            return _IDLE_WAKE_S
+        return min(_IDLE_WAKE_S, max(0.0, self._wake_at - time.monotonic()))
+
+    def _poll(self, timeout: float | None) -> None:
+        for key, _events in self._selector.select(timeout):
+            target = key.fileobj
+            if target is self.server:
+                self._accept()
+            elif target == self._wake_r:
+                os.read(self._wake_r, 512)
+            else:
+                assert isinstance(target, IngressPeer)
+                self._read(target)
+
+    def _accept(self) -> None:
+        while (peer := self.server.accept()) is not None:
+            self._peers.add(peer)
+            self._selector.register(peer, selectors.EVENT_READ)
+            log.info("ingress %s connected", peer.ingress_id)
+
+    def _read(self, peer: IngressPeer) -> None:
+        try:
+            for record in peer.requests():
+                self._admit(peer, record)
+        except (LinkClosedError, ValueError) as e:  # ValueError: a corrupt ring record
+            self._drop(peer, str(e))
+
+    def _admit(self, peer: IngressPeer, record: RequestRecord) -> None:
+        inputs = {self._input_names[i]: a for i, a in record.tensors}
+        key = tuple(inputs[name].shape[1:] for name in self._input_names) if self.batched else ()
+        now = time.monotonic()
+        if record.deadline is not None and record.deadline <= now:
+            waited = 1000.0 * (now - record.arrival)
+            self._refuse(
+                peer,
+                record.key,
+                ErrorCode.DEADLINE_EXCEEDED,
+                f"deadline passed after {waited:.1f} ms",
+            )
+            return
+        request = PendingRequest(
+            inputs, record.rows, key, record.arrival, record.deadline, (peer, record.key)
+        )
+        try:
+            self.queue.push(request)
+        except HubError as e:  # OverloadedError: the queue is full
+            self.book.inc("tandem_overload_rejections", self._labels)
+            self._refuse(peer, record.key, ErrorCode.OVERLOADED, f"{self.info.model}: {e}")
+
+    def _refuse(self, peer: IngressPeer, key: int, code: ErrorCode, message: str) -> None:
+        peer.reply(key, code, message)
+
+    def _work(self) -> None:
+        """Compute batches while the queue has them, reading new arrivals between batches."""
+        while True:
+            take = self.queue.take(time.monotonic(), idle=True)
+            for request in take.expired:
+                peer, key = request.ticket
+                waited = 1000.0 * (time.monotonic() - request.arrival)
+                self._refuse(
+                    peer,
+                    key,
+                    ErrorCode.DEADLINE_EXCEEDED,
+                    f"deadline passed after {waited:.1f} ms in {self.info.model}'s queue",
+                )
+            self._wake_at = take.wake_at
+            if not take.batch:
+                self.book.set("tandem_queue_depth", self._labels, len(self.queue))
+                return
+            self._compute(take.batch)
+            self._flush()  # replies leave before the next batch is formed
+            self._poll(0.0)
+
+    def _compute(self, batch: list[PendingRequest]) -> None:
+        started = time.monotonic()
+        rows = sum(r.rows for r in batch)
+        error: HubError | None = None
+        parts: list[dict[str, np.ndarray]] = []
+        try:
+            stacked = stack_inputs(batch)
+            executor = self.served.executor
+            if self.batched:
+                parts = split_outputs(executor.run_batch(stacked), [r.rows for r in batch])
+            else:
+                parts = [executor.run(stacked)]
+            unknown = set(parts[0]) - set(self._output_index) if parts else set()
+            if unknown:
+                raise ExecutorError(f"the model returned outputs it does not declare: {unknown}")
+        except HubError as e:
+            error = e
+        except Exception as e:  # numpy while stacking, or an executor outside the base class
+            error = ExecutorError(f"{self.info.model}: {e}")
+        compute_ms = 1000.0 * (time.monotonic() - started)
+        self._record_batch(batch, rows, started, compute_ms)
+        if error is not None:
+            log.warning("executor %s: batch of %d rows failed: %s", self.info.model, rows, error)
+            for request in batch:
+                peer, key = request.ticket
+                peer.reply(key, error.code, str(error))
+            return
+        index = self._output_index
+        for request, part in zip(batch, parts, strict=True):
+            peer, key = request.ticket
+            if peer.closed:
+                continue
+            peer.reply(
+                key,
+                tensors=[(index[name], array) for name, array in part.items()],
+                queue_ms=1000.0 * (started - request.arrival),
+                compute_ms=compute_ms,
+                batch_rows=rows,
+                batch_requests=len(batch),
+            )
+
+    def _record_batch(
+        self, batch: list[PendingRequest], rows: int, started: float, compute_ms: float
+    ) -> None:
+        book, labels = self.book, self._labels
+        book.inc("tandem_inference_count", labels, rows)
+        book.inc("tandem_inference_exec_count", labels)
+        book.observe("tandem_batch_size", labels, rows, self._batch_bounds)
+        compute_us = 1000.0 * compute_ms
+        for request in batch:
+            book.observe(
+                "tandem_inference_queue_duration_us",
+                labels,
+                1e6 * (started - request.arrival),
+                DURATION_BUCKETS_US,
+            )
+            book.observe(
+                "tandem_inference_compute_infer_duration_us",
+                labels,
+                compute_us,
+                DURATION_BUCKETS_US,
+            )
+
+    def _flush(self) -> None:
+        for peer in list(self._peers):
+            peer.flush()
+            if peer.closed:
+                self._drop(peer, "the link broke")
+
+    def _drop(self, peer: IngressPeer, why: str) -> None:
+        if peer not in self._peers:
+            return
+        self._peers.discard(peer)
+        self._selector.unregister(peer)
+        dropped = self.queue.discard(lambda r: r.ticket[0] is peer)
+        log.warning(
+            "ingress %s left (%s); %d of its queued requests dropped",
+            peer.ingress_id,
+            why,
+            len(dropped),
+        )
+        peer.close()
+
+    def _shutdown(self) -> None:
+        for request in self.queue.drain():
+            peer, key = request.ticket
+            peer.reply(key, ErrorCode.OVERLOADED, "the hub is stopping; try again later")
+        self._flush()
+        for peer in list(self._peers):
+            self._selector.unregister(peer)
+            peer.close()
+        self._peers.clear()
+        self._selector.close()
+        self.server.close()
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+
+
+def _device(served: ServedModel) -> str:
+    try:
+        return str(served.executor.device)
+    except Exception:  # a closed session cannot say
+        return "unknown"

@@ -1,0 +1,262 @@
+"""An ingress process's links to every executor of its hub, by model.
+
+``submit`` checks a request against the model's inputs (so a bad request
+never reaches an executor), picks the instance with the fewest requests in
+flight, writes the request into that link's ring and remembers whom to tell;
+the reply, read by ``on_readable`` (or ``poll``), goes to that callback,
+exactly once (its arrays are views into the ring, valid during the callback,
+unless ``copy_replies``). What can go wrong is raised by ``submit`` at once, as the
+``HubError`` a device receives: ``ModelNotFoundError`` (no such model or
+version), ``InvalidRequestError`` (inputs the model cannot take),
+``OverloadedError`` (the ring is full: too many bytes in flight; or no
+executor of the model is connected, e.g. while one restarts).
+
+When a link closes (its executor crashed or stopped), every request still
+in flight on it is answered ``LinkClosedError`` (an ``overloaded`` reply: the
+device falls back at once, and nothing is answered with another request's
+outputs); ``connect_missing`` connects again once the executor is back.
+
+Threads: ``submit`` may run on one thread and ``on_readable``/``poll`` on
+another (the MQTT ingress does this); the in-flight table is a dict, whose
+single operations the GIL keeps whole, and each entry is added before its
+request is written, so a reply never arrives before its entry.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import selectors
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._errors import HubError, ModelNotFoundError, OverloadedError, RequestTooLargeError
+from ._link import DEFAULT_RING_BYTES, ExecutorLink, LinkClosedError, ModelInfo
+from ._queue import check_inputs
+from ._records import ReplyRecord
+
+__all__ = ["ExecutorPool", "ReplyCallback"]
+
+log = logging.getLogger(__name__)
+
+ReplyCallback = Callable[[ModelInfo, "ReplyRecord | HubError"], None]
+_RETRY_S = 0.5
+
+
+@dataclass(eq=False)
+class _Instance:
+    address: str
+    model: str
+    link: ExecutorLink
+    inflight: int = 0
+    next_try: float = 0.0
+
+
+class ExecutorPool:
+    """Links to the executors at ``addresses`` (model name -> one address per instance)."""
+
+    def __init__(
+        self,
+        addresses: Mapping[str, list[str]],
+        *,
+        ingress_id: str,
+        ring_bytes: int = DEFAULT_RING_BYTES,
+        copy_replies: bool = False,
+    ) -> None:
+        self.ingress_id = ingress_id
+        self._instances: dict[str, list[_Instance]] = {}
+        for model, model_addresses in addresses.items():
+            self._instances[model] = [
+                _Instance(
+                    address,
+                    model,
+                    ExecutorLink(
+                        address,
+                        ingress_id=ingress_id,
+                        on_reply=self._on_reply,
+                        ring_bytes=ring_bytes,
+                        copy_replies=copy_replies,
+                    ),
+                )
+                for address in model_addresses
+            ]
+        self._by_link = {i.link: i for group in self._instances.values() for i in group}
+        self._inflight: dict[int, tuple[_Instance, ModelInfo, ReplyCallback]] = {}
+        self._keys = itertools.count(1)
+        self._selector = selectors.DefaultSelector()
+        self._registered: set[ExecutorLink] = set()
+        self._lock = threading.Lock()  # connect/close against submit's choice of a link
+
+    # -- what is served -------------------------------------------------------------------
+
+    @property
+    def model_names(self) -> list[str]:
+        return sorted(self._instances)
+
+    def info(self, model: str, version: str | None = None) -> ModelInfo:
+        """The served description of ``model`` (from a connected instance)."""
+        group = self._instances.get(model)
+        if group is None:
+            known = ", ".join(sorted(self._instances)) or "none"
+            raise ModelNotFoundError(f"no model {model!r} is served here (models: {known})")
+        for instance in group:
+            info = instance.link.info
+            if info is not None and instance.link.connected:
+                if version is not None and version != info.version:
+                    raise ModelNotFoundError(
+                        f"model {model!r} version {version!r} is not served here "
+                        f"(serving version {info.version})"
+                    )
+                return info
+        raise OverloadedError(f"model {model!r} is starting or restarting; try again shortly")
+
+    def ready(self) -> bool:
+        """Whether every model has at least one connected executor."""
+        return all(any(i.link.connected for i in g) for g in self._instances.values())
+
+    # -- requests -------------------------------------------------------------------------
+
+    def submit(
+        self,
+        model: str,
+        version: str | None,
+        inputs: Mapping[str, np.ndarray],
+        *,
+        deadline: float | None,
+        arrival: float,
+        done: ReplyCallback,
+    ) -> None:
+        """Send one request; ``done(info, reply or error)`` is called once, later.
+
+        Raises ``HubError`` instead of calling ``done`` when it is refused at once.
+        """
+        info = self.info(model, version)
+        _, rows, _ = check_inputs(
+            inputs, info.inputs, max_batch_size=info.max_batch_size, model=model
+        )
+        tensors = [(i, inputs[spec.name]) for i, spec in enumerate(info.inputs)]
+        instance = self._pick(model)
+        key = next(self._keys)
+        self._inflight[key] = (instance, info, done)
+        instance.inflight += 1
+        try:
+            accepted = instance.link.submit(key, deadline, arrival, rows, tensors)
+        except LinkClosedError as e:
+            self._forget(key)
+            raise OverloadedError(f"model {model!r}: {e}") from e
+        except ValueError as e:
+            self._forget(key)
+            raise RequestTooLargeError(f"request too large for the hub's buffers: {e}") from e
+        if not accepted:
+            self._forget(key)
+            raise OverloadedError(
+                f"model {model!r}: too many bytes in flight in this hub; try again later"
+            )
+
+    def _pick(self, model: str) -> _Instance:
+        connected = [i for i in self._instances[model] if i.link.connected]
+        if not connected:
+            raise OverloadedError(f"model {model!r} is restarting; try again shortly")
+        return min(connected, key=lambda i: i.inflight)
+
+    def _forget(self, key: int) -> None:
+        entry = self._inflight.pop(key, None)
+        if entry is not None:
+            entry[0].inflight -= 1
+
+    def _on_reply(self, record: ReplyRecord) -> None:
+        entry = self._inflight.pop(record.key, None)
+        if entry is None:
+            log.warning("reply for unknown request key %d dropped", record.key)
+            return
+        instance, info, done = entry
+        instance.inflight -= 1
+        try:
+            done(info, record)
+        except Exception:  # a callback's bug must not stop the replies behind it
+            log.exception("reply callback failed")
+
+    # -- links ----------------------------------------------------------------------------
+
+    def connect_missing(self, *, timeout_s: float = 2.0) -> int:
+        """Connect every link that is down and due for a try; returns how many are up now."""
+        now = time.monotonic()
+        for instance in self._by_link.values():
+            link = instance.link
+            if link.connected or now < instance.next_try:
+                continue
+            try:
+                link.connect(timeout_s)
+            except OSError as e:
+                instance.next_try = now + _RETRY_S
+                log.debug("executor %s not reachable yet: %s", instance.address[1:], e)
+                continue
+            log.info("connected to executor %s (%s)", instance.address[1:], link.info)
+        return sum(1 for i in self._by_link.values() if i.link.connected)
+
+    def links(self) -> list[ExecutorLink]:
+        return [i.link for i in self._by_link.values() if i.link.connected]
+
+    def on_readable(self, link: ExecutorLink) -> None:
+        """Read ``link``'s replies; on a closed link, fail what it held and close it."""
+        try:
+            link.on_readable()
+        except LinkClosedError as e:
+            self.close_link(link, str(e))
+
+    def close_link(self, link: ExecutorLink, why: str) -> None:
+        instance = self._by_link[link]
+        link.close()
+        instance.next_try = time.monotonic()
+        lost = [k for k, entry in list(self._inflight.items()) if entry[0] is instance]
+        if lost:
+            log.warning(
+                "executor %s went away (%s): answering %d request(s) in flight with an error",
+                instance.address[1:],
+                why,
+                len(lost),
+            )
+        for key in lost:
+            entry = self._inflight.pop(key, None)
+            if entry is None:
+                continue
+            instance.inflight -= 1
+            _, info, done = entry
+            try:
+                done(info, LinkClosedError(f"the executor of {info.model} restarted"))
+            except Exception:
+                log.exception("reply callback failed")
+
+    def poll(self, timeout_s: float) -> None:
+        """One round for a thread that owns the pool's reading: reconnect, wait, read."""
+        self.connect_missing()
+        current = set(self.links())
+        for link in self._registered - current:
+            self._selector.unregister(link)
+        for link in current - self._registered:
+            self._selector.register(link, selectors.EVENT_READ)
+        self._registered = current
+        for link in current:
+            if link.wants_write:
+                link.flush()
+        if not current:
+            time.sleep(min(timeout_s, _RETRY_S))
+            return
+        for key, _ in self._selector.select(timeout_s):
+            ready = key.fileobj
+            assert isinstance(ready, ExecutorLink)
+            self.on_readable(ready)
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    def close(self) -> None:
+        for link in list(self._by_link):
+            if link.connected:
+                self.close_link(link, "the ingress is stopping")
+        self._selector.close()

@@ -1,0 +1,303 @@
+"""The MQTT side of the hub: take requests off the broker, answer every one it can.
+
+``MqttFront`` sits between an MQTT session (``shared.MqttSession``: paho, or
+awscrt's client in the hub's ingress processes) and a ``Backend`` (the
+in-process batchers, or the executor processes). On the session's thread,
+``_handle`` decodes a frame (bounded by ``Limits``; never unpickles or
+evaluates anything), computes the request's deadline from ``timeout_ms`` at
+receipt (a relative budget, so clocks need not agree), and hands the tensors
+to ``backend.submit``, which only checks and queues. A request refused at
+once (bad frame, unknown model, invalid input, full queue) is answered
+there; a computed one is answered from ``done``, on whichever thread the
+backend finishes on (a batcher's, or the thread reading the executors'
+replies). ``session.publish`` only queues the packet, so answering costs an
+encode and no wait.
+
+Every failure a request can meet (garbage bytes, a bad header, an unknown
+model, wrong dtype or shape, an oversized tensor, a full queue, an expired
+deadline, the model raising, an executor restarting) becomes an error reply
+with its ``ErrorCode`` when the frame names a reply topic
+(``_wire.salvage_target`` reads it from frames that do not decode), else it
+is logged and dropped. Replies are built with ``Message.reply`` from the
+request (``ReplyTarget.request``), with a ``shared.ReplyTiming``.
+
+The subscription is ``topics.infer_filter(share_group)``: a shared
+subscription (``$share/hubs/...``) spreads requests over hub replicas and
+ingress processes, each delivered to one; ``share_group=None`` subscribes
+plainly, for brokers without shared subscriptions. The session subscribes
+again on every connection. On MQTT 5 a reply also carries a message expiry
+equal to the time left, and the request's correlation data when it had some.
+
+``on_reply`` (optional) hears of every reply just before it is published, on
+the thread that publishes it, so metrics count a request by what its device
+is told; an exception there is logged, never raised, and the reply still
+goes out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from typing import Protocol
+
+from shared import (
+    ErrorCode,
+    InboundMessage,
+    Limits,
+    Message,
+    MqttSession,
+    ReplyTiming,
+    Topics,
+    decode_message,
+    encode_message,
+)
+
+from ._backend import Backend, Outcome
+from ._batcher import InferenceResult
+from ._errors import BadRequestError, BrokerError, HubError, error_code
+from ._wire import ReplyTarget, reply_topic_allowed, salvage_target
+
+__all__ = ["MqttFront", "ReplyObserver"]
+
+log = logging.getLogger(__name__)
+
+
+class ReplyObserver(Protocol):
+    """Told of each reply: its request's model and version, receipt time, code and result."""
+
+    def __call__(
+        self,
+        model: str,
+        version: str | None,
+        *,
+        received: float,
+        error: ErrorCode,
+        result: InferenceResult | None,
+    ) -> None: ...
+
+
+class MqttFront:
+    """Serves inference requests from an MQTT session through a backend."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        session: MqttSession,
+        *,
+        topics: Topics | None = None,
+        share_group: str | None = "hubs",
+        limits: Limits | None = None,
+        on_reply: ReplyObserver | None = None,
+    ) -> None:
+        self.backend = backend
+        self.session = session
+        self.topics = topics or Topics()
+        self.limits = limits or Limits()
+        self.subscription = self.topics.infer_filter(share_group)
+        self._on_reply = on_reply
+        self._paused = False
+        # One Counter per counting thread (the session's, each replying thread), summed by
+        # ``stats``: a shared lock here would be taken twice per request by two threads.
+        self._local = threading.local()
+        self._counters: list[Counter[str]] = []
+        session.on_message = self._handle
+
+    @property
+    def subscribed(self) -> threading.Event:
+        return self.session.subscribed
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self, *, wait_s: float | None = 10.0) -> MqttFront:
+        """Connect (in the background, retrying) and subscribe.
+
+        With ``wait_s``, wait until the subscription is granted and raise
+        ``BrokerError`` (after cleaning up) if it is not within that time.
+        """
+        self.session.subscribe(self.subscription, qos=1)
+        self.session.start()
+        log.info(
+            "hub %s connecting to %s, subscribing to %s",
+            self.session.client_id,
+            self.session.settings.url,
+            self.subscription,
+        )
+        if wait_s is not None and not self.session.subscribed.wait(wait_s):
+            self.session.stop(timeout_s=1.0)
+            raise BrokerError(
+                f"no subscription to {self.subscription} on {self.session.settings.url} "
+                f"within {wait_s}s (broker down, credentials refused, or shared subscriptions "
+                "unsupported?)"
+            )
+        return self
+
+    def pause(self) -> None:
+        """Stop taking new requests (unsubscribe) while replies keep flowing."""
+        self._paused = True
+        self.session.unsubscribe(self.subscription)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Unsubscribe, wait for the acks of the replies sent, then disconnect.
+
+        Replies are published as requests finish, so stop the backend's queues
+        first (``Hub.stop`` does): they answer what they hold before this waits.
+        """
+        self.pause()
+        self.session.stop(timeout_s)
+        log.info("hub %s disconnected", self.session.client_id)
+
+    def stats(self) -> dict[str, int]:
+        """Counters: received, replied_ok, replied_<error code>, dropped, publish_failed."""
+        total: Counter[str] = Counter()
+        for counts in list(self._counters):
+            total.update(dict(counts))
+        return dict(total)
+
+    def _count(self, what: str) -> None:
+        counts: Counter[str] | None = getattr(self._local, "counts", None)
+        if counts is None:
+            counts = self._local.counts = Counter()
+            self._counters.append(counts)
+        counts[what] += 1
+
+    # -- requests (the session's thread: decode, hand off, return) ------------------------
+
+    def _handle(self, message: InboundMessage) -> None:
+        received = time.monotonic()
+        self._count("received")
+        topic, payload = message.topic, message.payload
+        topic_model = self.topics.model_from_infer_topic(topic)
+        try:
+            request = decode_message(payload, self.limits)
+        except Exception as e:  # ProtocolError family; anything else is still the frame's fault
+            target = salvage_target(
+                payload,
+                limits=self.limits,
+                topics=self.topics,
+                topic_model=topic_model,
+                received=received,
+                response_topic=message.response_topic,
+                correlation_data=message.correlation_data,
+            )
+            self._reject(target, e, topic)
+            return
+        if request.kind != "request":
+            self._drop(f"a {request.kind} on request topic {topic}")
+            return
+        reply_to = request.reply_to or message.response_topic
+        if not reply_topic_allowed(reply_to, self.topics):
+            self._drop(f"request {request.request_id} on {topic}: no usable reply topic")
+            return
+        assert reply_to is not None
+        target = ReplyTarget.of(request, reply_to, received, message.correlation_data)
+        if topic_model != request.model:
+            error = BadRequestError(
+                f"header names model {request.model!r} but it came on topic {topic}"
+            )
+            self._reject(target, error, topic)
+            return
+        tensors, request.tensors = request.tensors, {}  # the target keeps the header only
+        try:
+            self.backend.submit(
+                request.model,
+                request.model_version,
+                tensors,
+                deadline=target.deadline,
+                arrival=received,
+                done=lambda outcome: self._answer(target, outcome),
+            )
+        except Exception as e:  # HubError: typed; anything else: INTERNAL, the hub goes on
+            self._reject(target, e, topic)
+
+    def _reject(self, target: ReplyTarget | None, error: BaseException, topic: str) -> None:
+        if target is None:
+            self._drop(f"undecodable frame on {topic} with no reply topic: {error}")
+        else:
+            self._answer(target, error)
+
+    def _drop(self, why: str) -> None:
+        self._count("dropped")
+        log.warning("dropped %s", why)
+
+    # -- replies --------------------------------------------------------------------------
+
+    def _answer(self, target: ReplyTarget, outcome: Outcome) -> None:
+        """Encode and publish the reply to one request; never raises (it runs in callbacks)."""
+        try:
+            reply, frame = self._reply_for(target, outcome)
+            self._observe(target, reply, outcome)
+            self._publish(target, reply, frame)
+        except Exception:
+            log.exception(
+                "could not reply to request %s", target.request_id, extra=_context(target)
+            )
+
+    def _reply_for(self, target: ReplyTarget, outcome: Outcome) -> tuple[Message, bytes]:
+        if isinstance(outcome, InferenceResult):
+            reply = target.request.reply(
+                tensors=outcome.outputs,
+                model_version=outcome.model_version,
+                timing=ReplyTiming(
+                    queue_ms=outcome.queue_ms,
+                    compute_ms=outcome.compute_ms,
+                    hub_ms=1000.0 * (time.monotonic() - target.received),
+                ),
+            )
+            try:
+                return reply, encode_message(reply)
+            except Exception as e:  # an output the codec cannot carry
+                outcome = HubError(f"cannot encode the model's outputs: {e}")
+        code = error_code(outcome)
+        if code is ErrorCode.INTERNAL:  # a model failure (HubError) is expected; a bug is not
+            level = logging.WARNING if isinstance(outcome, HubError) else logging.ERROR
+            log.log(
+                level, "request %s failed: %r", target.request_id, outcome, extra=_context(target)
+            )
+        reply = target.request.reply(
+            error=code,
+            error_message=str(outcome) or type(outcome).__name__,
+            timing=ReplyTiming(hub_ms=1000.0 * (time.monotonic() - target.received)),
+        )
+        return reply, encode_message(reply)
+
+    def _observe(self, target: ReplyTarget, reply: Message, outcome: Outcome) -> None:
+        if self._on_reply is None:
+            return
+        try:
+            self._on_reply(
+                target.model,
+                target.model_version,
+                received=target.received,
+                error=reply.error,
+                result=outcome if reply.ok and isinstance(outcome, InferenceResult) else None,
+            )
+        except Exception:
+            log.exception(
+                "on_reply failed for request %s", target.request_id, extra=_context(target)
+            )
+
+    def _publish(self, target: ReplyTarget, reply: Message, frame: bytes) -> None:
+        handle = self.session.publish(
+            target.reply_to,
+            frame,
+            qos=1,
+            correlation_data=target.correlation_data,
+            expiry_s=target.expiry_interval_s(time.monotonic()),
+        )
+        if handle.failed:
+            self._count("publish_failed")
+            log.warning("reply to %s not sent", target.request_id, extra=_context(target))
+            return
+        self._count("replied_" + reply.error.value)
+
+
+def _context(target: ReplyTarget) -> dict[str, str | None]:
+    """Log-record context (``extra=``) naming one request, for JSON logs."""
+    return {
+        "request_id": target.request_id,
+        "device": target.device_id,
+        "model": target.model,
+        "model_version": target.model_version,
+    }

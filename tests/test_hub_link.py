@@ -1,0 +1,235 @@
+"""Ring records and the ingress <-> executor link: what goes in comes out, to the right key."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from cloud_hub._link import (
+    ExecutorLink,
+    IngressPeer,
+    LinkClosedError,
+    LinkServer,
+    ModelInfo,
+    executor_address,
+)
+from cloud_hub._records import (
+    read_reply,
+    read_request,
+    reply_size,
+    request_size,
+    write_reply,
+    write_request,
+)
+from shared import DATATYPES, ErrorCode, TensorSpec
+
+NUMERIC = [d for d in DATATYPES if d != "BYTES"]
+INFO = ModelInfo(
+    model="m",
+    version="3",
+    platform="onnxruntime",
+    max_batch_size=8,
+    inputs=(TensorSpec("x", "FP32", (4,)),),
+    outputs=(TensorSpec("y", "FP32", (4,)),),
+    device="CPUExecutionProvider",
+)
+
+
+@st.composite
+def tensors(draw: st.DrawFn) -> list[tuple[int, np.ndarray]]:
+    out = []
+    for index in range(draw(st.integers(0, 3))):
+        datatype = draw(st.sampled_from([*NUMERIC, "BYTES"]))
+        shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4))
+        if datatype == "BYTES":
+            items = draw(st.lists(st.binary(max_size=6), min_size=1, max_size=1))
+            array = np.full(shape, items[0], dtype=object)
+        else:
+            array = draw(hnp.arrays(DATATYPES[datatype], shape))
+        out.append((index, array))
+    return out
+
+
+def _same(a: list[tuple[int, np.ndarray]], b: list[tuple[int, np.ndarray]]) -> None:
+    assert [i for i, _ in a] == [i for i, _ in b]
+    for (_, x), (_, y) in zip(a, b, strict=True):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        if x.dtype == object:
+            assert x.tolist() == y.tolist()
+        else:
+            np.testing.assert_array_equal(x, y)
+
+
+@settings(max_examples=80, deadline=None)
+@given(tensors(), st.one_of(st.none(), st.floats(0, 1e9)), st.integers(0, 2**64 - 1))
+def test_request_records_round_trip(
+    items: list[tuple[int, np.ndarray]], deadline: float | None, key: int
+) -> None:
+    size, prepared = request_size(items)
+    buffer = bytearray(size)
+    write_request(memoryview(buffer), key, deadline, 12.5, 3, prepared)
+    record = read_request(memoryview(buffer))
+    assert (record.key, record.deadline, record.arrival, record.rows) == (key, deadline, 12.5, 3)
+    _same(items, record.tensors)
+
+
+@settings(max_examples=60, deadline=None)
+@given(tensors(), st.sampled_from(list(ErrorCode)), st.text(max_size=50))
+def test_reply_records_round_trip(
+    items: list[tuple[int, np.ndarray]], code: ErrorCode, message: str
+) -> None:
+    size, text, prepared = reply_size(message, items)
+    buffer = bytearray(size)
+    write_reply(
+        memoryview(buffer),
+        7,
+        code,
+        text,
+        queue_ms=1.5,
+        compute_ms=2.5,
+        batch_rows=9,
+        batch_requests=4,
+        prepared=prepared,
+    )
+    record = read_reply(memoryview(buffer))
+    assert (record.key, record.error, record.message) == (7, code, message)
+    assert (record.queue_ms, record.compute_ms, record.batch_rows, record.batch_requests) == (
+        1.5,
+        2.5,
+        9,
+        4,
+    )
+    _same(items, record.tensors)
+
+
+def test_a_corrupt_record_is_refused_not_misread() -> None:
+    size, prepared = request_size([(0, np.ones((2, 3), np.float32))])
+    buffer = bytearray(size)
+    write_request(memoryview(buffer), 1, None, 0.0, 2, prepared)
+    with pytest.raises(ValueError):
+        read_request(memoryview(buffer)[: size - 8])
+
+
+# -- the link over a real socket and real rings ----------------------------------------------
+
+
+@pytest.fixture
+def linked() -> Iterator[tuple[LinkServer, ExecutorLink, IngressPeer, list]]:
+    address = executor_address(uuid.uuid4().hex[:8], "m", 0)
+    server = LinkServer(address, INFO)
+    replies: list = []
+    link = ExecutorLink(
+        address, ingress_id="i0", on_reply=lambda r: replies.append(r), ring_bytes=8 << 20
+    )
+    info, peer = _connect(link, server)
+    assert info == INFO
+    yield server, link, peer, replies
+    link.close()
+    peer.close()
+    server.close()
+
+
+def _connect(link: ExecutorLink, server: LinkServer) -> tuple[ModelInfo, IngressPeer]:
+    """``connect`` waits for the executor's hello, so the executor accepts meanwhile."""
+    accepted: list[IngressPeer] = []
+    thread = threading.Thread(target=lambda: accepted.append(_accept(server)))
+    thread.start()
+    try:
+        info = link.connect()
+    finally:
+        thread.join()
+    return info, accepted[0]
+
+
+def _accept(server: LinkServer) -> IngressPeer:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        peer = server.accept()
+        if peer is not None:
+            return peer
+        time.sleep(0.001)
+    raise AssertionError("no ingress connected")
+
+
+def _wait_readable(fileno: int) -> None:
+    with selectors.DefaultSelector() as sel:
+        sel.register(fileno, selectors.EVENT_READ)
+        assert sel.select(5.0), "nothing arrived within 5 s"
+
+
+def test_each_reply_reaches_its_own_request(linked: tuple) -> None:
+    _, link, peer, replies = linked
+    sent = {k: np.full((1, 4), k, np.float32) for k in range(50)}
+    for k, x in sent.items():
+        assert link.submit(k, None, time.monotonic(), 1, [(0, x)])
+    got = []
+    while len(got) < len(sent):
+        _wait_readable(peer.fileno())
+        got.extend(peer.requests())
+    assert [r.key for r in got] == list(sent)  # arrival order kept
+    for record in reversed(got):  # answer out of order, each with its own input doubled
+        (_, x) = record.tensors[0]
+        peer.reply(record.key, tensors=[(0, x * 2)], queue_ms=0.1, compute_ms=0.2)
+    peer.flush()
+    while len(replies) < len(sent):
+        _wait_readable(link.fileno())
+        link.on_readable()
+    assert len(replies) == len(sent)
+    for reply in replies:
+        assert reply.error is ErrorCode.OK
+        np.testing.assert_array_equal(reply.tensors[0][1], sent[reply.key] * 2)
+
+
+def test_an_executor_that_dies_ends_the_link(linked: tuple) -> None:
+    _, link, peer, _ = linked
+    peer.close()
+    _wait_readable(link.fileno())
+    with pytest.raises(LinkClosedError):
+        link.on_readable()
+    link.close()
+    with pytest.raises(LinkClosedError):
+        link.submit(1, None, 0.0, 1, [(0, np.zeros((1, 4), np.float32))])
+
+
+def test_a_full_request_ring_refuses_instead_of_blocking(linked: tuple) -> None:
+    _, link, _, _ = linked
+    big = np.zeros((1, 256 * 1024), np.float32)  # 1 MiB
+    accepted = 0
+    while link.submit(accepted, None, 0.0, 1, [(0, big)]):
+        accepted += 1
+        assert accepted < 100
+    assert accepted >= 2  # about half of the 8 MiB ring, then back-pressure
+
+
+def test_nobody_listening_is_an_os_error() -> None:
+    link = ExecutorLink(executor_address("nobody", "m", 0), ingress_id="i", on_reply=lambda r: None)
+    with pytest.raises(OSError):
+        link.connect(timeout_s=1.0)
+
+
+def test_no_descriptor_leaks_over_many_links() -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    address = executor_address(uuid.uuid4().hex[:8], "m", 0)
+    server = LinkServer(address, INFO)
+    try:
+        for _ in range(30):
+            link = ExecutorLink(
+                address, ingress_id="i", on_reply=lambda r: None, ring_bytes=1 << 20
+            )
+            _, peer = _connect(link, server)
+            link.submit(1, None, 0.0, 1, [(0, np.zeros((1, 4), np.float32))])
+            link.close()
+            peer.close()
+    finally:
+        server.close()
+    assert len(os.listdir("/proc/self/fd")) == before
