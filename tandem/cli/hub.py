@@ -1,8 +1,8 @@
 """``tandem hub``: serve a model repository over MQTT and HTTP (``cloud_hub``'s ``serve``).
 
 The options are checked here, then ``cloud_hub._serve.serve`` runs the hub;
-the hub's package (and torch, when a model needs it) loads only when the
-command runs. ``python -m cloud_hub`` is the same command without typer,
+this module loads only when ``tandem hub`` is asked for, and torch only when
+a model needs it. ``python -m cloud_hub`` is the same command without typer,
 for machines that install the hub alone.
 """
 
@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from cloud_hub._serve import LOG_LEVELS  # light: the hub's heavy parts load when it serves
+
 from ._common import MqttCaOption, MqttCertOption, MqttKeyOption, TlsClientCaOption, TlsKeyOption
 
 if TYPE_CHECKING:
@@ -20,7 +22,6 @@ if TYPE_CHECKING:
 
 __all__ = ["hub"]
 
-_LEVELS = ("debug", "info", "warning", "error")  # cloud_hub._serve.LOG_LEVELS, without its import
 
 RepoOption = Annotated[
     Path,
@@ -89,7 +90,7 @@ HubTlsCertOption = Annotated[
         show_default=False,
     ),
 ]
-LogLevelOption = Annotated[str, typer.Option(help=f"Logging level: {', '.join(_LEVELS)}.")]
+LogLevelOption = Annotated[str, typer.Option(help=f"Logging level: {', '.join(LOG_LEVELS)}.")]
 LogFormatOption = Annotated[
     str,
     typer.Option(help="Log lines as 'text' or 'json' (one object a line, with request ids)."),
