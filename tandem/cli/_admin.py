@@ -1,8 +1,10 @@
-"""What ``tandem rollout`` and ``tandem fleet list/show`` share: talking to the admin API.
+"""What the commands that talk to the CDN's admin API share (``tandem rollout``,
+``tandem fleet list/show``, ``tandem models publish/assign --cdn``).
 
-The ``--cdn``, ``--token`` and ``--ca`` options, the client with one-line
-errors (exit 1 when the CDN refused or could not be reached, 2 when the
-command line was wrong), and the checks of what the operator types: labels,
+The ``--cdn``, ``--token`` and ``--ca`` options, the client
+(``model_cdn.AdminClient``) with one-line errors (exit 1 when the CDN
+refused or could not be reached, 2 when the command line was wrong), and
+the checks of what the operator types: labels,
 durations, percentages, ``MODEL@VERSION``, ids. Each check fails with one
 line naming the option, before any request is made.
 """
