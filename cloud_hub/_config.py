@@ -8,7 +8,9 @@ Every key is optional::
      "max_queue_size": 1024,                   # requests waiting; beyond it: OVERLOADED
      "inputs":  [{"name": "image", "datatype": "FP32", "dims": [1, 28, 28]}],
      "outputs": [{"name": "logits", "datatype": "FP32", "dims": [10]}],
-     "default_version": null}                  # default: the highest version directory
+     "default_version": null,                  # default: the highest version directory
+     "instance_group": [{"count": 1, "kind": "KIND_AUTO", "gpus": [0]}],
+     "optimization": {"fp16": false}}          # ONNX on CUDA: run in half precision
 
 ``dims`` exclude the batch dimension when ``max_batch_size > 0`` (as in
 Triton); ``-1`` (or ``null``) is a dimension of any size. ``ModelConfig``
@@ -17,6 +19,14 @@ problem on one line. ``resolve_config`` then reconciles a config with what
 the loaded model says about itself (ONNX files describe their tensors,
 TorchScript does not), so a served model always has concrete inputs,
 outputs and a batch size. This module does no I/O.
+
+``instance_group`` is Triton's: how many executor processes serve the model
+and on what. ``KIND_GPU`` puts ``count`` instances on each GPU of ``gpus``
+(default: every GPU the machine has), ``KIND_CPU`` on the CPU, and
+``KIND_AUTO`` (the default) on the GPUs when there are any, else on the CPU.
+Each instance batches its own queue; the hub's ingress processes send each
+request to the instance with the fewest requests in flight. Without the key,
+one instance serves the model.
 """
 
 from __future__ import annotations
@@ -32,7 +42,9 @@ from ._errors import ModelConfigError
 
 __all__ = [
     "DEFAULT_MAX_BATCH_SIZE",
+    "KINDS",
     "PLATFORMS",
+    "InstanceGroup",
     "ModelConfig",
     "TensorSpec",
     "resolve_config",
@@ -51,8 +63,55 @@ _KEYS = frozenset(
         "inputs",
         "outputs",
         "default_version",
+        "instance_group",
+        "optimization",
     }
 )
+KINDS = ("KIND_AUTO", "KIND_CPU", "KIND_GPU")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InstanceGroup:
+    """``count`` executor instances of a model on each of its devices (Triton's instance_group)."""
+
+    count: int = 1
+    kind: str = "KIND_AUTO"
+    gpus: tuple[int, ...] | None = None  # None: every GPU
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> InstanceGroup:
+        if not isinstance(data, Mapping):
+            raise ModelConfigError(f"{where}: must be an object with count, kind and gpus")
+        unknown = set(data) - {"count", "kind", "gpus", "name"}
+        if unknown:
+            raise ModelConfigError(f"{where}: unknown keys {sorted(unknown)}")
+        count = data.get("count", 1)
+        kind = data.get("kind", "KIND_AUTO")
+        gpus = data.get("gpus")
+        _check_int(count, f"{where}.count", minimum=1)
+        if kind not in KINDS:
+            raise ModelConfigError(f"{where}.kind: must be one of {', '.join(KINDS)}, got {kind!r}")
+        if gpus is not None and (
+            not isinstance(gpus, list)
+            or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)
+        ):
+            raise ModelConfigError(f"{where}.gpus: must be a list of GPU indices (ints >= 0)")
+        if gpus is not None and kind == "KIND_CPU":
+            raise ModelConfigError(f"{where}.gpus: only for KIND_GPU or KIND_AUTO")
+        return cls(count=count, kind=kind, gpus=None if gpus is None else tuple(gpus))
+
+    def devices(self, gpu_count: int) -> list[str]:
+        """The device of each instance (``cuda:N`` or ``cpu``), given the machine's GPUs."""
+        if self.kind == "KIND_CPU" or (self.kind == "KIND_AUTO" and gpu_count == 0):
+            return ["cpu"] * self.count
+        gpus = self.gpus if self.gpus is not None else tuple(range(gpu_count))
+        missing = [g for g in gpus if g >= gpu_count]
+        if missing or not gpus:
+            raise ModelConfigError(
+                f"instance_group asks for GPU(s) {list(missing) or 'any'} but this machine "
+                f"has {gpu_count}"
+            )
+        return [f"cuda:{g}" for g in gpus for _ in range(self.count)]
 
 
 def spec_from_json(data: object, where: str) -> TensorSpec:
@@ -87,6 +146,8 @@ class ModelConfig:
     inputs: tuple[TensorSpec, ...] | None = None
     outputs: tuple[TensorSpec, ...] | None = None
     default_version: int | None = None
+    instance_group: tuple[InstanceGroup, ...] = ()
+    fp16: bool = False  # optimization.fp16: ONNX models on CUDA compute in half precision
     source: str = field(default="<config>", compare=False)  # where it came from, for messages
 
     def __post_init__(self) -> None:
@@ -139,7 +200,27 @@ class ModelConfig:
             raise ModelConfigError(
                 f"{source}: platform: must be one of {', '.join(PLATFORMS)}, got {platform!r}"
             )
-        values: dict[str, Any] = {k: v for k, v in data.items() if k not in ("inputs", "outputs")}
+        values: dict[str, Any] = {
+            k: v
+            for k, v in data.items()
+            if k not in ("inputs", "outputs", "instance_group", "optimization")
+        }
+        groups = data.get("instance_group")
+        if groups is not None:
+            if not isinstance(groups, list) or not groups:
+                raise ModelConfigError(f"{source}: instance_group: must be a non-empty list")
+            values["instance_group"] = tuple(
+                InstanceGroup.from_json(g, f"{source}: instance_group[{i}]")
+                for i, g in enumerate(groups)
+            )
+        optimization = data.get("optimization")
+        if optimization is not None:
+            if not isinstance(optimization, Mapping) or set(optimization) - {"fp16"}:
+                raise ModelConfigError(f'{source}: optimization: only {{"fp16": bool}} is known')
+            fp16 = optimization.get("fp16", False)
+            if not isinstance(fp16, bool):
+                raise ModelConfigError(f"{source}: optimization.fp16: must be true or false")
+            values["fp16"] = fp16
         for key in ("inputs", "outputs"):
             raw = data.get(key)
             if raw is None:

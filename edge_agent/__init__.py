@@ -33,16 +33,12 @@ from ._errors import (
     UplinkError,
 )
 from ._estimator import Ewma, LatencyEstimator, NetworkEstimator
+from ._outcome import FallbackReason
 from ._policy import Decision, HeavyCheck, OffloadPolicy, RequestFacts, Route, UncertainCheck
+from ._report import AgentMetrics, TelemetryReporter
 from ._result import InferenceResult, LatencyBreakdown, Source
 from ._scores import SCORES, entropy, margin, max_probability, to_probabilities
-from ._telemetry import (
-    AgentMetrics,
-    LatencyWindow,
-    ModelCounters,
-    TelemetryRecorder,
-    TelemetryReporter,
-)
+from ._telemetry import AgentSnapshot, LatencyWindow, ModelCounters, TelemetryRecorder
 from ._uplink import MqttUplink, UplinkStats
 from .runtimes import ModelRuntime, TensorSpec, load_runtime
 from .updater import DeviceModelStore, DownloadSettings, ModelUpdater, UpdaterStats
@@ -50,6 +46,7 @@ from .updater import DeviceModelStore, DownloadSettings, ModelUpdater, UpdaterSt
 __all__ = [
     "SCORES",
     "AgentMetrics",
+    "AgentSnapshot",
     "AgentStats",
     "AsyncEdgeAgent",
     "BaseAgent",
@@ -63,6 +60,7 @@ __all__ = [
     "EdgeAgent",
     "EdgeError",
     "Ewma",
+    "FallbackReason",
     "HeavyCheck",
     "InferenceError",
     "InferenceResult",

@@ -1,444 +1,32 @@
 """The edge agent: answers every request locally, in the cloud, or by falling back.
 
-``BaseAgent`` holds all the logic that does no I/O (input checks, the offload
-decision, deadline arithmetic, fallback rules, building the result, stats);
-``EdgeAgent`` (blocking) and ``AsyncEdgeAgent`` (asyncio) only run the model
-and wait for the hub, each in its own way, as httpx's Client/AsyncClient do.
+``EdgeAgent`` (blocking) and ``AsyncEdgeAgent`` (asyncio) are twins over
+``BaseAgent`` (``_base_agent``), which makes every decision; they only run
+the local model and wait for the hub, each in its own way, as httpx's
+Client/AsyncClient do. The invariants are ``BaseAgent``'s.
 
-Invariants: every valid call returns an ``InferenceResult`` (the only error
-for a valid request is ``NoAnswerError``, when the model is not on the device
-and the cloud failed); the wait for the cloud ends early enough to run the
-local model within the deadline when it has not run yet (its predicted time
-is reserved); the cloud answer wins when it arrives in time; a timeout, a
-lost broker, an open circuit breaker or an ``overloaded`` reply yields the
-local answer marked ``edge-fallback``.
-
-Counting: ``stats`` counts answered calls of the whole agent; ``_serving``
-(``ServingStats``) counts calls that ended on the edge model now serving,
-answered or raised (``errors``: any exception ``infer`` raises, from invalid
-input to a runtime failure to ``NoAnswerError``; not a cancelled async call),
-offloads and agreement. Setting ``runtime`` (``swap_model`` does) starts new
-counters; a call counts towards the model it started with.
-
-The local path is the hot path (its Python work is what the agent adds to a
-runtime call): it builds only the objects it returns, reuses constant
-decisions, takes one lock, and leaves sums and percentiles to the readers.
+The local path (``infer`` -> ``_run_local`` -> ``_edge_result``) is the hot
+path: its Python work is what the agent adds to a runtime call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import logging
-import secrets
-import threading
 import time
-from collections import Counter
 from collections.abc import Mapping
-from concurrent.futures import Future
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from shared import ErrorCode, Limits, Message, MqttSettings, Topics, TransferOptions
-
-from ._breaker import CircuitBreaker
-from ._errors import InvalidInputError, NoAnswerError, UplinkError
-from ._estimator import LatencyEstimator, NetworkEstimator
-from ._policy import Decision, OffloadPolicy, RequestFacts, Route
-from ._result import InferenceResult, LatencyBreakdown, Source
-from ._telemetry import AgentMetrics, ServingStats, TelemetryRecorder, check_labels, snapshot
-from ._uplink import MqttUplink
-from .runtimes import ModelRuntime, load_runtime
+from ._base_agent import AgentStats, BaseAgent, Call
+from ._errors import UplinkError
+from ._outcome import CloudAnswer, CloudOutcome, Fallback
+from ._policy import Decision, Route
+from ._result import InferenceResult
 
 __all__ = ["AgentStats", "AsyncEdgeAgent", "BaseAgent", "EdgeAgent"]
 
-log = logging.getLogger("tandem.edge")
-
-# Hub replies that say "the cloud is not there for you now": they feed the breaker.
-_UNAVAILABLE = frozenset({ErrorCode.OVERLOADED, ErrorCode.DEADLINE_EXCEEDED, ErrorCode.INTERNAL})
 _LOCAL = Route.LOCAL
-_EDGE = Source.EDGE
-_CLOUD = Source.CLOUD
 _now = time.perf_counter
-
-
-@dataclass
-class AgentStats:
-    """Answered calls of the whole agent since it started (``agent.stats`` is a snapshot)."""
-
-    requests: int = 0
-    by_source: Counter[str] = field(default_factory=Counter)
-    by_reason: Counter[str] = field(default_factory=Counter)
-    offload_attempts: int = 0
-    deadline_misses: int = 0
-
-    @property
-    def offload_rate(self) -> float:
-        return self.offload_attempts / self.requests if self.requests else 0.0
-
-
-@dataclass(slots=True)
-class _Call:
-    """State of one request as it moves through the agent."""
-
-    request_id: str
-    inputs: dict[str, np.ndarray]
-    deadline_ms: float
-    started: float
-    runtime: ModelRuntime | None  # read once: a model swap mid-call does not affect it
-    serving: ServingStats  # the counters of that runtime
-    local_outputs: dict[str, np.ndarray] | None = None
-    local_ms: float = 0.0
-    score: float | None = None
-
-    def elapsed_ms(self) -> float:
-        return (_now() - self.started) * 1000.0
-
-    @property
-    def payload_bytes(self) -> int:
-        # Computed when asked: the local path of an always-local policy never asks.
-        total = 0
-        for array in self.inputs.values():
-            total += array.nbytes
-        return total
-
-
-class BaseAgent:
-    """Everything an agent decides, without doing I/O."""
-
-    def __init__(
-        self,
-        model: ModelRuntime | str | Path | None,
-        *,
-        device_id: str,
-        broker: str | MqttSettings | None = None,
-        policy: OffloadPolicy | None = None,
-        cloud_model: str | None = None,
-        cloud_version: str | None = None,
-        input_name: str | None = None,
-        default_deadline_ms: float = 1000.0,
-        topics: Topics | None = None,
-        transfer: TransferOptions | None = None,
-        limits: Limits | None = None,
-        breaker: CircuitBreaker | None = None,
-        local_estimator: LatencyEstimator | None = None,
-        network_estimator: NetworkEstimator | None = None,
-        safety_margin_ms: float = 1.0,
-        latency_window: int = 1024,
-        labels: Mapping[str, str] | None = None,
-    ) -> None:
-        self.labels = check_labels(labels)  # reported in telemetry, e.g. {"site": "factory-a"}
-        self._latency_window = latency_window
-        self.runtime = load_runtime(model) if isinstance(model, str | Path) else model
-        if self.runtime is None and cloud_model is None:
-            raise ValueError("give a local model, a cloud_model, or both")
-        if self.runtime is None and broker is None:
-            raise ValueError("an agent without a local model needs a broker")
-        if default_deadline_ms <= 0:
-            raise ValueError("default_deadline_ms must be positive")
-        self.device_id = device_id
-        self.cloud_model = cloud_model or (self.runtime.name if self.runtime else "")
-        self.cloud_version = cloud_version
-        self.input_name = input_name
-        self.default_deadline_ms = default_deadline_ms
-        self.safety_margin_ms = safety_margin_ms
-        if policy is None:
-            policy = (
-                OffloadPolicy.budget(0.2) if broker is not None else OffloadPolicy.always_local()
-            )
-        self.policy = policy
-        self.breaker = breaker or CircuitBreaker()
-        self.local_estimator = local_estimator or LatencyEstimator()
-        self.network_estimator = network_estimator or NetworkEstimator()
-        # Answered calls by (source, reason, deadline met): one increment per call; the
-        # totals ``stats`` reports are summed when read.
-        self._answers: Counter[tuple[Source, str, bool]] = Counter()
-        self._offload_attempts = 0
-        self._stats_lock = threading.Lock()
-        # Request ids: a random per-instance prefix and a counter (a uuid per call cost
-        # more than the rest of the local path's bookkeeping); unique on this device's
-        # reply topic across restarts, which is all correlation needs.
-        self._id_prefix = secrets.token_hex(6)
-        self._ids = itertools.count(1)
-        self.telemetry = TelemetryRecorder(window=latency_window)
-        self._local_inflight = 0
-        self.uplink: MqttUplink | None = None
-        if broker is not None:
-            settings = broker if isinstance(broker, MqttSettings) else MqttSettings.from_url(broker)
-            self.uplink = MqttUplink(
-                settings, device_id=device_id, topics=topics, transfer=transfer, limits=limits
-            )
-
-    @property
-    def runtime(self) -> ModelRuntime | None:
-        """The edge model serving new calls (``None``: no local model)."""
-        return self._serving.runtime
-
-    @runtime.setter
-    def runtime(self, runtime: ModelRuntime | None) -> None:
-        # One assignment: a call reads the runtime and its counters together.
-        self._serving = ServingStats(runtime, window=self._latency_window)
-
-    @property
-    def stats(self) -> AgentStats:
-        """Counts of answered calls since the agent started; each read is a new snapshot."""
-        with self._stats_lock:
-            answers = list(self._answers.items())
-            stats = AgentStats(offload_attempts=self._offload_attempts)
-        for (source, reason, met), n in answers:
-            stats.requests += n
-            stats.by_source[str(source)] += n
-            stats.by_reason[reason] += n
-            if not met:
-                stats.deadline_misses += n
-        return stats
-
-    # -- the pure steps ----------------------------------------------------------------------
-
-    def _begin(
-        self,
-        serving: ServingStats,
-        inputs: Mapping[str, np.ndarray] | np.ndarray,
-        deadline_ms: float | None,
-    ) -> _Call:
-        started = _now()
-        runtime = serving.runtime
-        if runtime is None:
-            named = self._name_inputs(inputs, None)
-        elif type(inputs) is np.ndarray:
-            named = runtime.validate_array(inputs)
-        else:
-            named = runtime.validate(self._name_inputs(inputs, runtime))
-        if deadline_ms is None:
-            deadline = self.default_deadline_ms
-        else:
-            deadline = float(deadline_ms)
-            if not deadline > 0:
-                raise InvalidInputError(f"deadline_ms must be positive, got {deadline_ms!r}")
-        return _Call(
-            f"{self._id_prefix}{next(self._ids):x}", named, deadline, started, runtime, serving
-        )
-
-    def _failed(self, serving: ServingStats) -> None:
-        """A call on ``serving``'s model raised to its caller."""
-        with self._stats_lock:
-            serving.requests += 1
-            serving.errors += 1
-
-    def _name_inputs(
-        self, inputs: Mapping[str, np.ndarray] | np.ndarray, runtime: ModelRuntime | None
-    ) -> dict[str, np.ndarray]:
-        if isinstance(inputs, Mapping):
-            return dict(inputs)
-        if not isinstance(inputs, np.ndarray):
-            raise InvalidInputError(
-                "inputs must be a numpy array or a mapping of name to array, "
-                f"got {type(inputs).__name__}"
-            )
-        if runtime is not None:
-            specs = runtime.inputs
-            if len(specs) != 1:
-                raise InvalidInputError(
-                    f"model {runtime.name!r} has {len(specs)} inputs; pass a mapping of "
-                    f"name to array ({', '.join(s.name for s in specs)})"
-                )
-            return {specs[0].name: inputs}
-        if self.input_name is None:
-            raise InvalidInputError("pass a mapping of name to array, or set input_name=")
-        return {self.input_name: inputs}
-
-    def _route_before(self, call: _Call) -> Decision:
-        policy = self.policy
-        decision = policy.fixed_route(local_model=call.runtime is not None)
-        if decision is not None:
-            return decision
-        facts = RequestFacts(
-            payload_bytes=call.payload_bytes,
-            deadline_ms=call.deadline_ms,
-            local_model=call.runtime is not None,
-            queue_depth=self._local_inflight,
-        )
-        return policy.before(facts, self.local_estimator, self.network_estimator)
-
-    def _route_after(self, call: _Call) -> Decision:
-        assert call.local_outputs is not None
-        policy = self.policy
-        uncertain = policy.uncertain
-        if uncertain is None:
-            return policy.after(None)  # no score: call.score stays None
-        decision = policy.after(uncertain.scores(call.local_outputs))
-        call.score = decision.score
-        return decision
-
-    def _local_done(self, call: _Call, outputs: dict[str, np.ndarray], local_ms: float) -> None:
-        call.local_outputs = outputs
-        call.local_ms = local_ms
-        self.local_estimator.observe(local_ms)
-
-    def _cloud_wait_ms(self, call: _Call) -> tuple[float, str | None]:
-        """How long the cloud may take, or why it must not be tried now."""
-        if self.uplink is None:
-            return 0.0, "fallback:no_uplink"
-        if not self.breaker.allow():
-            return 0.0, "fallback:breaker_open"
-        reserve = self.safety_margin_ms
-        if call.local_outputs is None:
-            reserve += self.local_estimator.predict_ms(self._local_inflight)
-        wait_ms = call.deadline_ms - call.elapsed_ms() - reserve
-        if wait_ms <= 0:
-            return 0.0, "fallback:no_time"
-        return wait_ms, None
-
-    def _send(self, call: _Call, wait_ms: float) -> Future[Message]:
-        assert self.uplink is not None
-        with self._stats_lock:
-            self._offload_attempts += 1
-            call.serving.offloads += 1
-        future, _ = self.uplink.send(
-            model=self.cloud_model,
-            tensors=call.inputs,
-            timeout_ms=wait_ms,
-            request_id=call.request_id,
-            model_version=self.cloud_version,
-        )
-        return future
-
-    def _cloud_failed(self, call: _Call, error: BaseException) -> str:
-        if self.uplink is not None:
-            self.uplink.forget(call.request_id)
-        self.breaker.record_failure()
-        if isinstance(error, TimeoutError):
-            return "fallback:timeout"
-        return "fallback:broker_unavailable"
-
-    def _cloud_answered(self, call: _Call, reply: Message, reason: str) -> InferenceResult | str:
-        """The result for a hub reply, or the fallback reason when it is an error."""
-        if not reply.ok:
-            if reply.error in _UNAVAILABLE:
-                self.breaker.record_failure()
-            else:  # the hub is up but cannot take this request
-                self.breaker.record_success()
-                log.warning(
-                    "hub rejected request %s: %s %s",
-                    call.request_id,
-                    reply.error,
-                    reply.error_message,
-                )
-            return f"fallback:{reply.error.value}"
-        self.breaker.record_success()
-        total_ms = call.elapsed_ms()
-        queue_ms = float(reply.timing.get("queue_ms", 0.0))
-        compute_ms = float(reply.timing.get("compute_ms", 0.0))
-        hub_ms = float(reply.timing.get("hub_ms", queue_ms + compute_ms))
-        round_trip_ms = total_ms - call.local_ms
-        self.network_estimator.observe(
-            total_ms=round_trip_ms, hub_ms=hub_ms, payload_bytes=call.payload_bytes
-        )
-        latency = LatencyBreakdown(
-            total_ms=total_ms,
-            local_ms=call.local_ms,
-            network_ms=max(0.0, round_trip_ms - hub_ms),
-            queue_ms=queue_ms,
-            cloud_compute_ms=compute_ms,
-        )
-        versions = self._versions(call)
-        versions["cloud"] = f"{reply.model}@{reply.model_version or '?'}"
-        self.telemetry.cloud_version = versions["cloud"]
-        if call.local_outputs is not None:
-            compared, agreed = self.telemetry.compare(call.local_outputs, reply.tensors)
-            if compared:
-                with self._stats_lock:
-                    call.serving.compared += compared
-                    call.serving.agreed += agreed
-        return self._finish(call, reply.tensors, _CLOUD, reason, latency, versions)
-
-    def _fallback_result(self, call: _Call, reason: str) -> InferenceResult:
-        assert call.local_outputs is not None
-        latency = LatencyBreakdown(total_ms=call.elapsed_ms(), local_ms=call.local_ms)
-        return self._finish(call, call.local_outputs, Source.EDGE_FALLBACK, reason, latency)
-
-    def _no_answer(self, reason: str) -> NoAnswerError:
-        return NoAnswerError(
-            f"model {self.cloud_model!r} is not on this device and the cloud failed ({reason})"
-        )
-
-    def _edge_result(self, call: _Call, reason: str) -> InferenceResult:
-        assert call.local_outputs is not None
-        latency = LatencyBreakdown((_now() - call.started) * 1000.0, call.local_ms)
-        return self._finish(call, call.local_outputs, _EDGE, reason, latency)
-
-    def _finish(
-        self,
-        call: _Call,
-        outputs: dict[str, np.ndarray],
-        source: Source,
-        reason: str,
-        latency: LatencyBreakdown,
-        versions: dict[str, str] | None = None,
-    ) -> InferenceResult:
-        total_ms = latency.total_ms
-        met = total_ms <= call.deadline_ms
-        serving = call.serving
-        with self._stats_lock:
-            self._answers[source, reason, met] += 1
-            serving.requests += 1
-        serving.latency.append(total_ms)
-        self.telemetry.record_answer(
-            total_ms, call.local_ms if call.local_outputs is not None else None, source is _CLOUD
-        )
-        if versions is None:
-            versions = {"edge": serving.versions} if call.runtime is not None else {}
-        return InferenceResult(
-            outputs, source, call.request_id, reason, latency, versions, call.score, met
-        )
-
-    @staticmethod
-    def _versions(call: _Call) -> dict[str, str]:
-        if call.runtime is None:
-            return {}
-        return {"edge": call.serving.versions}
-
-    def metrics(self) -> AgentMetrics:
-        """A snapshot of counts, latency percentiles, agreement and link state."""
-        return snapshot(self)
-
-    def swap_model(self, runtime: ModelRuntime) -> ModelRuntime | None:
-        """Serve ``runtime`` from the next call on; returns the one it replaces.
-
-        Calls already running finish on the model they started with, so no
-        request sees a half-loaded model and none is dropped. The old runtime
-        is not closed here: the caller closes it (or lets it go) once its
-        in-flight calls are done.
-        """
-        old = self.runtime
-        self.runtime = runtime  # new counters: telemetry reports this version from zero
-        return old
-
-    def calibrate(
-        self, samples: np.ndarray | Mapping[str, np.ndarray], *, batch_size: int = 256
-    ) -> float:
-        """Run the local model on held-out samples and calibrate the policy's threshold."""
-        runtime = self.runtime
-        if runtime is None:
-            raise ValueError("calibration needs a local model")
-        named = self._name_inputs(samples, runtime)
-        n = next(iter(named.values())).shape[0]
-        outputs = []
-        for start in range(0, n, batch_size):
-            chunk = {k: v[start : start + batch_size] for k, v in named.items()}
-            outputs.append(runtime.run(chunk))
-        return self.policy.calibrate(_per_row(outputs))
-
-
-def _per_row(batches: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
-    """Calibration scores per request: each row of each batch is one request."""
-    rows: list[np.ndarray] = []
-    for out in batches:
-        first = next(iter(out.values()))
-        rows.extend(first[i : i + 1] for i in range(first.shape[0]))
-    return rows
 
 
 class EdgeAgent(BaseAgent):
@@ -481,33 +69,36 @@ class EdgeAgent(BaseAgent):
             self._failed(serving)
             raise
 
-    def _offload(self, call: _Call, decision: Decision) -> InferenceResult:
-        wait_ms, why_not = self._cloud_wait_ms(call)
-        if why_not is None:
-            try:
-                reply = self._send(call, wait_ms).result(timeout=wait_ms / 1000.0)
-            except (TimeoutError, UplinkError) as e:
-                why_not = self._cloud_failed(call, e)
-            else:
-                answered = self._cloud_answered(call, reply, decision.reason)
-                if isinstance(answered, InferenceResult):
-                    return answered
-                why_not = answered
+    def _offload(self, call: Call, decision: Decision) -> InferenceResult:
+        outcome = self._try_cloud(call, decision)
+        if isinstance(outcome, CloudAnswer):
+            return outcome.result
         if call.local_outputs is None:
             if call.runtime is None:
-                raise self._no_answer(why_not)
+                raise self._no_answer(outcome.reason)
             self._run_local(call)
-        return self._fallback_result(call, why_not)
+        return self._fallback_result(call, outcome.reason)
 
-    def _run_local(self, call: _Call) -> None:
+    def _try_cloud(self, call: Call, decision: Decision) -> CloudOutcome:
+        wait_ms = self._cloud_wait_ms(call)
+        if isinstance(wait_ms, Fallback):
+            return wait_ms
+        try:
+            reply = self._send(call, wait_ms).result(timeout=wait_ms / 1000.0)
+        except (TimeoutError, UplinkError) as e:
+            return self._cloud_failed(call, e)
+        return self._cloud_answered(call, reply, decision.reason)
+
+    def _run_local(self, call: Call) -> None:
         runtime = call.runtime
         assert runtime is not None
-        self._local_inflight += 1
+        inflight = self._local_inflight
+        inflight.enter()
         t0 = _now()
         try:
             outputs = runtime.run_validated(call.inputs)  # _begin validated them
         finally:
-            self._local_inflight -= 1
+            inflight.leave()
         local_ms = (_now() - t0) * 1000.0
         call.local_outputs = outputs
         call.local_ms = local_ms
@@ -552,32 +143,35 @@ class AsyncEdgeAgent(BaseAgent):
             self._failed(serving)
             raise
 
-    async def _offload(self, call: _Call, decision: Decision) -> InferenceResult:
-        wait_ms, why_not = self._cloud_wait_ms(call)
-        if why_not is None:
-            try:
-                future = self._send(call, wait_ms)
-                reply = await asyncio.wait_for(asyncio.wrap_future(future), wait_ms / 1000.0)
-            except (TimeoutError, UplinkError) as e:
-                why_not = self._cloud_failed(call, e)
-            else:
-                answered = self._cloud_answered(call, reply, decision.reason)
-                if isinstance(answered, InferenceResult):
-                    return answered
-                why_not = answered
+    async def _offload(self, call: Call, decision: Decision) -> InferenceResult:
+        outcome = await self._try_cloud(call, decision)
+        if isinstance(outcome, CloudAnswer):
+            return outcome.result
         if call.local_outputs is None:
             if call.runtime is None:
-                raise self._no_answer(why_not)
+                raise self._no_answer(outcome.reason)
             await self._run_local(call)
-        return self._fallback_result(call, why_not)
+        return self._fallback_result(call, outcome.reason)
 
-    async def _run_local(self, call: _Call) -> None:
+    async def _try_cloud(self, call: Call, decision: Decision) -> CloudOutcome:
+        wait_ms = self._cloud_wait_ms(call)
+        if isinstance(wait_ms, Fallback):
+            return wait_ms
+        try:
+            future = self._send(call, wait_ms)
+            reply = await asyncio.wait_for(asyncio.wrap_future(future), wait_ms / 1000.0)
+        except (TimeoutError, UplinkError) as e:
+            return self._cloud_failed(call, e)
+        return self._cloud_answered(call, reply, decision.reason)
+
+    async def _run_local(self, call: Call) -> None:
         runtime = call.runtime
         assert runtime is not None
-        self._local_inflight += 1
+        inflight = self._local_inflight
+        inflight.enter()
         t0 = _now()
         try:
             outputs = await asyncio.to_thread(runtime.run_validated, call.inputs)
         finally:
-            self._local_inflight -= 1
+            inflight.leave()
         self._local_done(call, outputs, (_now() - t0) * 1000.0)

@@ -30,6 +30,8 @@ Exception tree::
             └── StoreError                   the on-device model store cannot be used, or a
                                              name or digest would escape it
 
+Every exception class ``edge_agent`` defines is in this module and exported
+from ``edge_agent`` (a test walks the package and checks the drawing above).
 Foreign errors (onnxruntime, tflite, paho) are converted at the boundary with
 ``raise … from e``.
 """

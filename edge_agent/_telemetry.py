@@ -1,11 +1,12 @@
-"""What the agent has been doing: latency windows, edge-cloud agreement, periodic reports.
+"""What the agent has been doing: counts, latency windows, edge-cloud agreement.
 
+This module records; ``_report`` turns what it recorded into telemetry.
 ``TelemetryRecorder`` and ``ServingStats`` sit on the agent's hot path, so
 recording an answer is a few ``deque.append`` calls (documented thread-safe,
 no lock) next to the agent's one stats lock (plus one argmax for offloaded
 requests whose local answer was computed); everything costly (sorting for
 percentiles, building the snapshot) happens when someone asks for
-``agent.metrics()``.
+``agent.snapshot()`` or ``agent.metrics()``.
 
 Latency kinds, each a ring buffer of the last ``window`` samples (ms):
 
@@ -28,53 +29,42 @@ requests sent to the cloud; ``agreement_samples``/``agreed`` as above;
 ``p50_ms``/``p99_ms`` the end-to-end latency of answered calls, last
 ``window`` of them.
 
-``AgentMetrics`` serialises (schema 2) to an object that is also a valid
-``shared.DeviceReport``: the top-level ``requests``, ``agreement_samples``
-and the other report fields are the per-version counts; the whole-agent
-``requests`` and ``agreement_samples`` attributes travel as
-``agent_requests`` and ``agent_agreement_samples``.
-
-``TelemetryReporter`` publishes ``AgentMetrics`` as JSON on the device's
-telemetry topic every ``interval_s`` from a daemon thread; a report that
-cannot be sent (broker away) is counted and skipped, never queued.
+``AgentSnapshot`` is the agent's public view of all of it at one moment
+(``agent.snapshot()``): frozen, built from copies, so readers (telemetry, a
+fleet simulator, a test) never touch the agent's private fields or locks.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from shared import NAME_PATTERN, DeviceReport
+from shared import DeviceReport
 
-from ._errors import UplinkError
+from ._breaker import BreakerState
 
 if TYPE_CHECKING:
-    from ._agent import BaseAgent
     from .runtimes import ModelRuntime
 
 __all__ = [
-    "AgentMetrics",
+    "AgentSnapshot",
+    "AgentStats",
     "LatencyWindow",
     "ModelCounters",
+    "ServingStats",
     "TelemetryRecorder",
-    "TelemetryReporter",
+    "check_labels",
 ]
 
-log = logging.getLogger("tandem.edge.telemetry")
-
 LATENCY_KINDS = ("local", "offloaded", "total")
-TELEMETRY_SCHEMA = 2
-# Whole-agent fields whose JSON names the per-version report fields took over.
-_AGENT_WIDE = {"requests": "agent_requests", "agreement_samples": "agent_agreement_samples"}
 
 
 def _copy(samples: deque[float]) -> list[float]:
@@ -135,24 +125,41 @@ class ModelCounters:
     since: float | None = None  # seconds since the epoch when this version started serving
 
 
-@dataclass(frozen=True)
-class AgentMetrics:
-    """A snapshot of one agent, JSON-ready (``to_dict`` / ``to_json``); latencies in ms.
+@dataclass
+class AgentStats:
+    """Answered calls of the whole agent since it started (``agent.stats`` is a snapshot)."""
 
-    The attributes up to ``schema`` describe the whole agent since it started;
-    ``model``/``version``/``serving`` the edge model now serving. In JSON the
-    per-version counters sit at the top level (a ``shared.DeviceReport``), so
-    the whole-agent ``requests`` and ``agreement_samples`` are renamed there
-    to ``agent_requests`` and ``agent_agreement_samples``; ``from_dict``
-    reverses that.
+    requests: int = 0
+    by_source: Counter[str] = field(default_factory=Counter)
+    by_reason: Counter[str] = field(default_factory=Counter)
+    offload_attempts: int = 0
+    deadline_misses: int = 0
+
+    @property
+    def offload_rate(self) -> float:
+        return self.offload_attempts / self.requests if self.requests else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSnapshot:
+    """One agent at one moment (``agent.snapshot()``); latencies in ms.
+
+    ``stats`` and the latency and agreement fields cover the whole agent since
+    it started; ``serving`` and the ``edge_*`` fields the edge model now
+    serving (all ``None`` without a local model). Counts are read together
+    under the agent's lock; latency windows are copied just before or after,
+    without stopping the calls in flight.
     """
 
     device_id: str
-    requests: int
-    by_source: dict[str, int]  # edge / cloud / edge-fallback
-    offload_rate: float  # offload attempts / requests
-    fallbacks: dict[str, int]  # reason (timeout, breaker_open, overloaded, …) -> count
-    deadline_misses: int
+    labels: dict[str, str]
+    stats: AgentStats
+    serving: ModelCounters
+    edge_model: str | None  # the runtime's name
+    edge_version: str | None  # the runtime's version
+    edge_runtime: str | None  # the runtime's kind, e.g. "onnxruntime"
+    edge_accelerator: str | None  # what runs it, e.g. "CPUExecutionProvider"
+    cloud_version: str | None  # "model@version" of the last cloud answer
     local_p50_ms: float | None
     local_p99_ms: float | None
     offloaded_p50_ms: float | None
@@ -161,45 +168,10 @@ class AgentMetrics:
     total_p99_ms: float | None
     agreement_rate: float | None  # edge argmax == cloud argmax, over compared samples
     agreement_samples: int
-    model_versions: dict[str, str]
-    breaker_state: str
+    breaker_state: BreakerState
     uplink_connected: bool
-    timestamp: float = field(default_factory=time.time)  # seconds since the epoch
-    schema: int = TELEMETRY_SCHEMA
-    labels: dict[str, str] = field(default_factory=dict)
-    capabilities: dict[str, str] = field(default_factory=dict)  # runtime, provider
-    model: str | None = None  # the edge model now serving (None: none, or not a valid name)
-    version: int | None = None  # its version, when that is a positive integer
-    serving: ModelCounters = field(default_factory=ModelCounters)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        serving = d.pop("serving")
-        for name, wire in _AGENT_WIDE.items():
-            d[wire] = d.pop(name)
-        d["serving_since"] = serving.pop("since")
-        d.update(serving)
-        d.update(type="telemetry", device=self.device_id, at=self.timestamp)
-        return d
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> AgentMetrics:
-        """The inverse of ``to_dict`` (trusted input: no validation beyond the fields')."""
-        own = {f.name for f in fields(cls)} - {"serving", *_AGENT_WIDE}
-        counters = {f.name for f in fields(ModelCounters)} - {"since"}
-        args = {k: v for k, v in d.items() if k in own}
-        args.update({name: d[wire] for name, wire in _AGENT_WIDE.items()})
-        serving = ModelCounters(
-            since=d.get("serving_since"), **{k: v for k, v in d.items() if k in counters}
-        )
-        return cls(serving=serving, **args)
-
-    def device_report(self) -> DeviceReport:
-        """The fleet's view of this snapshot; ``shared.ManifestError`` if it is not valid."""
-        return DeviceReport.from_dict(self.to_dict())
+    local_inflight: int  # calls running the local model now
+    taken_at: float = field(default_factory=time.time)  # seconds since the epoch
 
 
 class TelemetryRecorder:
@@ -245,6 +217,14 @@ class TelemetryRecorder:
             self._compared += compared
             self._agreed += agreed
         return compared, agreed
+
+    def percentiles(self) -> dict[str, tuple[float | None, float | None]]:
+        """``(p50, p99)`` of each latency kind (nearest rank; ``None`` with no samples)."""
+        out: dict[str, tuple[float | None, float | None]] = {}
+        for kind, window in self.windows.items():
+            ordered = sorted(window.values())
+            out[kind] = (_nearest_rank(ordered, 50), _nearest_rank(ordered, 99))
+        return out
 
     def agreement(self) -> tuple[float | None, int]:
         with self._lock:
@@ -342,151 +322,3 @@ def check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     if size > DeviceReport.MAX_BYTES // 2:
         raise ValueError(f"labels take {size} bytes as JSON; at most {DeviceReport.MAX_BYTES // 2}")
     return checked
-
-
-def _capabilities(runtime: ModelRuntime | None) -> dict[str, str]:
-    if runtime is None:
-        return {}
-    limit = DeviceReport.MAX_TEXT
-    return {"runtime": str(runtime.kind)[:limit], "provider": str(runtime.accelerator)[:limit]}
-
-
-def _model_and_version(runtime: ModelRuntime | None) -> tuple[str | None, int | None]:
-    if runtime is None or not isinstance(runtime.name, str):
-        return None, None
-    if not NAME_PATTERN.fullmatch(runtime.name):
-        return None, None
-    text = str(runtime.version)
-    version = int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
-    return runtime.name, version if version else None
-
-
-def snapshot(agent: BaseAgent) -> AgentMetrics:
-    """Build ``AgentMetrics`` from an agent's stats and recorder."""
-    rec = agent.telemetry
-    stats = agent.stats  # a snapshot
-    requests = stats.requests
-    by_source = dict(stats.by_source)
-    reasons = dict(stats.by_reason)
-    offload_rate = stats.offload_rate
-    misses = stats.deadline_misses
-    serving = agent._serving
-    counters = serving.counters(agent._stats_lock)
-    fallbacks = {
-        reason.removeprefix("fallback:"): n
-        for reason, n in reasons.items()
-        if reason.startswith("fallback:")
-    }
-    p50: dict[str, float | None] = {}
-    p99: dict[str, float | None] = {}
-    for kind, window in rec.windows.items():
-        ordered = sorted(window.values())
-        p50[kind] = _nearest_rank(ordered, 50)
-        p99[kind] = _nearest_rank(ordered, 99)
-    rate, compared = rec.agreement()
-    versions: dict[str, str] = {}
-    runtime = serving.runtime
-    if runtime is not None:
-        versions["edge"] = serving.versions
-    if rec.cloud_version is not None:  # from the hub: bounded, so reports stay in size
-        versions["cloud"] = rec.cloud_version[: DeviceReport.MAX_TEXT * 2]
-    model, version = _model_and_version(runtime)
-    return AgentMetrics(
-        device_id=agent.device_id,
-        requests=requests,
-        by_source=by_source,
-        offload_rate=offload_rate,
-        fallbacks=fallbacks,
-        deadline_misses=misses,
-        local_p50_ms=p50["local"],
-        local_p99_ms=p99["local"],
-        offloaded_p50_ms=p50["offloaded"],
-        offloaded_p99_ms=p99["offloaded"],
-        total_p50_ms=p50["total"],
-        total_p99_ms=p99["total"],
-        agreement_rate=rate,
-        agreement_samples=compared,
-        model_versions=versions,
-        breaker_state=agent.breaker.state.value,
-        uplink_connected=agent.uplink is not None and agent.uplink.connected,
-        labels=dict(agent.labels),
-        capabilities=_capabilities(runtime),
-        model=model,
-        version=version,
-        serving=counters,
-    )
-
-
-@dataclass
-class ReporterStats:
-    sent: int = 0
-    skipped: int = 0  # no connection, or the publish failed
-
-
-class TelemetryReporter:
-    """Publishes ``agent.metrics()`` as JSON on the device's telemetry topic, periodically.
-
-    ::
-
-        with TelemetryReporter(agent, interval_s=30):
-            ...  # the agent serves requests; a report goes out every 30 s
-    """
-
-    def __init__(self, agent: BaseAgent, *, interval_s: float = 30.0, qos: int = 0) -> None:
-        if agent.uplink is None:
-            raise ValueError("telemetry needs an agent with a broker")
-        if not interval_s > 0:
-            raise ValueError("interval_s must be positive")
-        if qos not in (0, 1):
-            raise ValueError("telemetry uses QoS 0 or 1")
-        self.agent = agent
-        self.interval_s = interval_s
-        self.qos = qos
-        self.topic = agent.uplink.topics.telemetry(agent.device_id)
-        self.stats = ReporterStats()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def report(self) -> AgentMetrics | None:
-        """Publish one snapshot now; returns it, or ``None`` when it could not be sent."""
-        uplink = self.agent.uplink
-        assert uplink is not None
-        metrics = self.agent.metrics()
-        try:
-            uplink.publish(self.topic, metrics.to_json().encode(), qos=self.qos)
-        except UplinkError as e:
-            self.stats.skipped += 1
-            log.debug("telemetry report skipped: %s", e)
-            return None
-        self.stats.sent += 1
-        return metrics
-
-    def start(self) -> TelemetryReporter:
-        if self._thread is not None:
-            return self
-        self._stop.clear()
-        self._thread = threading.Thread(
-            target=self._run, name=f"tandem-telemetry-{self.agent.device_id}", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def stop(self, *, timeout_s: float = 5.0) -> None:
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return
-        self._stop.set()
-        thread.join(timeout_s)
-
-    def __enter__(self) -> TelemetryReporter:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                self.report()
-            except Exception:  # a reporting bug must not kill the thread silently
-                log.exception("telemetry report failed")

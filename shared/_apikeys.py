@@ -23,12 +23,11 @@ Invariants:
   is accepted until it is fixed (logged once per change).
 - Writes are atomic (a temporary file renamed over the old one) and mode 0600.
 
-Exception tree (all ``TandemError``)::
+Errors (``ApiKeyError`` and its subclasses, drawn in ``shared._errors``)::
 
-    ApiKeyError                 base of the API key errors
-    ├── InvalidApiKeyError      malformed, unknown, wrong secret or revoked key  -> 401
-    ├── ScopeError              the key lacks every scope the route accepts      -> 403
-    └── RateLimitedError        the key's token bucket is empty (retry_after_s)  -> 429
+    InvalidApiKeyError      malformed, unknown, wrong secret or revoked key  -> 401
+    ScopeError              the key lacks every scope the route accepts      -> 403
+    RateLimitedError        the key's token bucket is empty (retry_after_s)  -> 429
 """
 
 from __future__ import annotations
@@ -51,17 +50,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ._errors import ConfigError, TandemError
+from ._errors import (
+    ConfigError,
+    InvalidApiKeyError,
+    RateLimitedError,
+    ScopeError,
+)
 
 __all__ = [
     "API_KEY_SCOPES",
     "ApiKey",
-    "ApiKeyError",
     "ApiKeyFile",
     "ApiKeyGuard",
-    "InvalidApiKeyError",
-    "RateLimitedError",
-    "ScopeError",
     "TokenBucket",
     "generate_api_key",
     "looks_like_api_key",
@@ -76,31 +76,6 @@ _KEY = re.compile(r"tdm_([0-9a-f]{8})_([A-Za-z0-9_-]{43})")
 _ID = re.compile(r"[0-9a-f]{8}")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _FILE_VERSION = 1
-
-
-class ApiKeyError(TandemError):
-    """Base of the API key errors."""
-
-
-class InvalidApiKeyError(ApiKeyError):
-    """A malformed, unknown or revoked key, or a wrong secret (HTTP 401)."""
-
-
-class ScopeError(ApiKeyError):
-    """The key has none of the scopes the route accepts (HTTP 403)."""
-
-
-class RateLimitedError(ApiKeyError):
-    """The key's token bucket is empty (HTTP 429); ``retry_after_s`` until one is back."""
-
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-    @property
-    def retry_after_header(self) -> str:
-        """``Retry-After`` in whole seconds, at least 1 (clients must not retry at once)."""
-        return str(max(1, math.ceil(self.retry_after_s)))
 
 
 def _secret_sha256(secret: str) -> str:

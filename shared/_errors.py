@@ -1,18 +1,26 @@
-"""Exceptions of the wire protocol, and the error codes that travel on the wire.
+"""Every exception ``shared`` defines, and the error codes that travel on the wire.
 
 Exception tree::
 
     TandemError                      base of every error Tandem raises on purpose
-    └── ProtocolError (ValueError)   bytes or fields that do not form a valid message
-        ├── FrameError               truncated, garbage or inconsistent frame
-        ├── UnsupportedVersionError  a major version this build does not speak
-        ├── LimitExceededError       a declared or actual size above a configured limit
-        ├── TensorError              a tensor that cannot be encoded or decoded
-        │                            (unknown datatype, shape/size mismatch)
-        └── ManifestError            a model manifest or signed document that is invalid
-            ├── SignatureError       unsigned, signed by an untrusted key, or tampered
-            └── ExpiredError         past its expiry (a freeze attack, or just stale)
-    ConfigError (TandemError, ValueError)   a setting that cannot work (bad URL, bad option)
+    ├── ProtocolError (ValueError)   bytes or fields that do not form a valid message
+    │   ├── FrameError               truncated, garbage or inconsistent frame
+    │   ├── UnsupportedVersionError  a major version this build does not speak
+    │   ├── LimitExceededError       a declared or actual size above a configured limit
+    │   ├── TensorError              a tensor that cannot be encoded or decoded
+    │   │                            (unknown datatype, shape/size mismatch)
+    │   └── ManifestError            a model manifest or signed document that is invalid
+    │       ├── SignatureError       unsigned, signed by an untrusted key, or tampered
+    │       └── ExpiredError         past its expiry (a freeze attack, or just stale)
+    ├── ConfigError (ValueError)     a setting that cannot work (bad URL, bad option)
+    └── ApiKeyError                  an HTTP request's API key refused
+        ├── InvalidApiKeyError       malformed, unknown, wrong secret or revoked  -> 401
+        ├── ScopeError               the key lacks every scope the route accepts  -> 403
+        └── RateLimitedError         the key's token bucket is empty              -> 429
+                                     (``retry_after_s``)
+
+Every package's own tree hangs under ``TandemError``; this module holds every
+exception class ``shared`` defines (``_apikeys`` raises its errors from here).
 
 ``ErrorCode`` is what a hub puts in a reply header so that a device can react
 without parsing prose: ``OVERLOADED`` and ``DEADLINE_EXCEEDED`` mean "fall back
@@ -22,15 +30,20 @@ now", the others say what was wrong with the request.
 from __future__ import annotations
 
 import enum
+import math
 
 __all__ = [
+    "ApiKeyError",
     "ConfigError",
     "ErrorCode",
     "ExpiredError",
     "FrameError",
+    "InvalidApiKeyError",
     "LimitExceededError",
     "ManifestError",
     "ProtocolError",
+    "RateLimitedError",
+    "ScopeError",
     "SignatureError",
     "TandemError",
     "TensorError",
@@ -76,6 +89,31 @@ class ExpiredError(ManifestError):
 
 class ConfigError(TandemError, ValueError):
     """A setting that cannot work, such as a malformed broker URL."""
+
+
+class ApiKeyError(TandemError):
+    """Base of the API key errors."""
+
+
+class InvalidApiKeyError(ApiKeyError):
+    """A malformed, unknown or revoked key, or a wrong secret (HTTP 401)."""
+
+
+class ScopeError(ApiKeyError):
+    """The key has none of the scopes the route accepts (HTTP 403)."""
+
+
+class RateLimitedError(ApiKeyError):
+    """The key's token bucket is empty (HTTP 429); ``retry_after_s`` until one is back."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    @property
+    def retry_after_header(self) -> str:
+        """``Retry-After`` in whole seconds, at least 1 (clients must not retry at once)."""
+        return str(max(1, math.ceil(self.retry_after_s)))
 
 
 class ErrorCode(enum.StrEnum):

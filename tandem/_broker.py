@@ -30,15 +30,13 @@ import threading
 from types import TracebackType
 from typing import Any
 
+from ._demo_errors import BrokerStartError
+
 __all__ = ["BrokerStartError", "EmbeddedBroker"]
 
 _LOGGERS = ("amqtt", "transitions")  # amqtt's own and its state machine library's
 _SHUTDOWN_GRACE_S = 3.0
 _ANONYMOUS_AUTH = "amqtt.plugins.authentication.AnonymousAuthPlugin"
-
-
-class BrokerStartError(RuntimeError):
-    """The embedded broker did not come up (port taken, timeout, amqtt error)."""
 
 
 class EmbeddedBroker:

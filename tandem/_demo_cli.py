@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from .demo import DemoConfig, DemoReport
 
 __all__ = ["demo"]
 
@@ -43,21 +47,19 @@ def demo(
         typer.Option(help="Model cache (default $TANDEM_CACHE or ~/.cache/tandem)."),
     ] = None,
 ) -> None:
-    """Train (or load) an INT8 edge model and a cloud model on real MNIST digits, start a
-    broker, a hub and a fleet of edge agents on this machine, stream the test digits
-    through them as edge-only, cloud-only and collaborative, and compare.
+    """Train (or load) an edge model and a cloud model on real MNIST digits, start a broker,
+    a model CDN, a hub and a fleet of edge agents on this machine, deliver the INT8 edge
+    model to every agent through the CDN (published, signed, installed), stream the test
+    digits through them as edge-only, cloud-only and collaborative, and compare.
 
     Writes OUTPUT/accuracy_vs_offload.png and OUTPUT/report.json.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     from edge_agent import SCORES
 
-    from ._plot import plot_accuracy_vs_offload
-    from ._sweep import sweep
-    from .demo import DemoConfig, run_demo
+    from ._demo_output import write_demo_outputs
+    from .demo import DemoConfig, DemoError
 
     if score not in SCORES:
         raise typer.BadParameter(f"use one of {', '.join(SCORES)}", param_hint="--score")
@@ -72,6 +74,22 @@ def demo(
         cache_dir=cache_dir,
         limit=limit,
     )
+    try:
+        report = _run_with_progress(config, console)
+    except DemoError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from e
+    files = write_demo_outputs(report, output)
+    _render(report, console)
+    console.print(f"plot: {files.plot}   report: {files.report}   took {report.elapsed_s:.1f} s")
+
+
+def _run_with_progress(config: DemoConfig, console: Console) -> DemoReport:
+    """``run_demo`` with one progress bar per stage."""
+    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+    from .demo import run_demo
+
     with Progress(
         TextColumn("{task.description:<28}"),
         BarColumn(),
@@ -87,20 +105,27 @@ def demo(
                 tasks[stage] = bar.add_task(stage, total=1.0)
             bar.update(tasks[stage], completed=min(max(fraction, 0.0), 1.0))
 
-        report = run_demo(config, progress)
+        return run_demo(config, progress)
 
-    table = Table(
-        title=f"{len(report.labels)} test digits, {devices} edge agents, broker: {report.broker}"
+
+def _render(report: DemoReport, console: Console) -> None:
+    """The delivery line, the results table and the one-line verdict."""
+    from rich.table import Table
+
+    delivery = report.delivery
+    installed = sum(d.state == "installed" for d in delivery.devices)
+    console.print(
+        f"CDN: published {delivery.label}, signed: {delivery.blob_bytes:,} bytes "
+        f"(INT8 ONNX {delivery.model_bytes:,}, zstd)\n"
+        f"     {installed}/{len(delivery.devices)} devices installed it: signature, digest "
+        "and smoke test checked"
     )
-    for column in (
-        "mode",
-        "accuracy",
-        "offloaded",
-        "p50 ms",
-        "p99 ms",
-        "fallbacks",
-        "late",
-    ):
+    table = Table(
+        title=f"{len(report.labels)} test digits, {len(delivery.devices)} edge agents, "
+        f"broker: {report.broker}"
+    )
+    columns = ("mode", "accuracy", "offloaded", "p50 ms", "p99 ms", "fallbacks", "late")
+    for column in columns:
         table.add_column(column, justify="left" if column == "mode" else "right", no_wrap=True)
     for m in report.modes:
         table.add_row(
@@ -113,48 +138,9 @@ def demo(
             str(m.deadline_misses),
         )
     console.print(table)
-
-    curves = sweep(report.edge_logits, report.cloud_logits, report.labels)
-    points = [(m.name, m.offload_rate, m.accuracy) for m in report.modes]
-    png = plot_accuracy_vs_offload(
-        curves, points, output / "accuracy_vs_offload.png", budget=budget
-    )
-    edge, cloud, collab = report.modes
-    gap = cloud.accuracy - edge.accuracy
-    recovered = (collab.accuracy - edge.accuracy) / gap if gap > 0 else float("nan")
-    summary = {
-        "modes": [
-            {k: v for k, v in vars(m).items() if k != "sources"} | {"sources": dict(m.sources)}
-            for m in report.modes
-        ],
-        "budget": budget,
-        "score": score,
-        "calibrated_threshold": report.calibration_threshold,
-        "gap_recovered": recovered,
-        "models": report.model_report,
-        "elapsed_s": report.elapsed_s,
-    }
-    output.mkdir(parents=True, exist_ok=True)
-    (output / "report.json").write_text(json.dumps(summary, indent=2, default=str))
-    _write_publish_inputs(output, report.edge_float_onnx, report.cloud_onnx)
+    edge, cloud, collab = (report.mode(n) for n in ("edge-only", "cloud-only", "collaborative"))
     console.print(
         f"collaborative: {collab.accuracy:.2%} accuracy at {collab.offload_rate:.1%} offloaded "
         f"(edge-only {edge.accuracy:.2%}, cloud-only {cloud.accuracy:.2%}; "
-        f"{recovered:.0%} of the gap recovered at a {budget:.0%} budget)"
+        f"{report.gap_recovered:.0%} of the gap recovered at a {report.budget:.0%} budget)"
     )
-    console.print(f"plot: {png}   report: {output / 'report.json'}   took {report.elapsed_s:.1f} s")
-
-
-def _write_publish_inputs(output: Path, edge_float: Path, cloud: Path) -> None:
-    """What `tandem models publish` needs to publish the demo's models (see the README)."""
-    import shutil
-
-    import numpy as np
-
-    from ._data import load_digit_splits
-
-    splits = load_digit_splits()
-    np.savez(output / "calibration.npz", inputs=splits.calibration_images)
-    np.savez(output / "validation.npz", inputs=splits.test_images, labels=splits.test_labels)
-    shutil.copyfile(edge_float, output / "edge_float.onnx")
-    shutil.copyfile(cloud, output / "cloud_float.onnx")

@@ -9,7 +9,9 @@ Pipeline (about half a minute on 2 CPU cores; CUDA is used when present):
 load digits → train edge → train cloud → export both to ONNX (torch.export
 based exporter, opset 18, dynamic batch, BatchNorm and constants folded) →
 quantize the edge model to INT8 QDQ with static calibration on the held-out
-calibration split → evaluate everything on the test split with ONNX Runtime.
+calibration split, by the CDN's publish pipeline (``model_cdn.publish``, the
+one quantizer in the project) → evaluate everything on the test split with
+ONNX Runtime.
 
 Everything lands in ``<cache>/demo-models-<key>/``, where ``key`` hashes
 :data:`RECIPE_VERSION` and the :class:`TrainingRecipe`, so a changed recipe
@@ -36,7 +38,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = [
     "HUB_MODEL_CONFIG",
     "MODEL_NAME",
+    "QUANTIZATION",
     "RECIPE_VERSION",
     "DemoModels",
     "Progress",
@@ -58,8 +61,9 @@ __all__ = [
     "default_cache_dir",
 ]
 
-RECIPE_VERSION = 2  # bump when the code below changes what a recipe produces
+RECIPE_VERSION = 3  # bump when the code below changes what a recipe produces
 MODEL_NAME = "mnist"
+QUANTIZATION: Final = "int8-static"  # the publish pipeline's method for the edge model
 HUB_MODEL_CONFIG: Mapping[str, Any] = {
     "platform": "onnxruntime",
     "max_batch_size": 64,
@@ -103,7 +107,6 @@ class TrainingRecipe:
     cloud_shift_px: int = 2  # random translation augmentation, cloud only
     weight_decay: float = 1e-4
     opset: int = 18
-    per_channel: bool = True
 
     def __post_init__(self) -> None:
         sizes = ("train_size", "calibration_size", "test_size", "edge_epochs", "cloud_epochs")
@@ -112,6 +115,15 @@ class TrainingRecipe:
             raise ValueError(f"recipe fields must be >= 1: {', '.join(bad)}")
         if self.opset < 18:
             raise ValueError(f"opset {self.opset} < 18: torch's exporter starts at 18")
+
+    def splits(self) -> DigitSplits:
+        """The digits this recipe trains, calibrates and tests on."""
+        return load_digit_splits(
+            train=self.train_size,
+            calibration=self.calibration_size,
+            test=self.test_size,
+            seed=self.split_seed,
+        )
 
     def key(self) -> str:
         """16 hex digits of SHA-256 over the recipe version and every field."""
@@ -244,12 +256,7 @@ def _build(out: Path, recipe: TrainingRecipe, progress: Progress) -> None:
         torch.set_num_threads(threads)
         try:
             with _stage("load digits", "data", timings, progress):
-                splits = load_digit_splits(
-                    train=recipe.train_size,
-                    calibration=recipe.calibration_size,
-                    test=recipe.test_size,
-                    seed=recipe.split_seed,
-                )
+                splits = recipe.splits()
             with _stage("train edge model", "train_edge", timings, progress) as step:
                 edge = _train(_edge_net, splits, recipe, "edge", device, step)
             with _stage("train cloud model", "train_cloud", timings, progress) as step:
@@ -261,7 +268,7 @@ def _build(out: Path, recipe: TrainingRecipe, progress: Progress) -> None:
         finally:
             torch.set_num_threads(threads_before)
     with _stage("quantize edge to INT8", "quantize", timings, progress):
-        _quantize(paths["edge_float_onnx"], paths["edge_int8_onnx"], splits, recipe, out)
+        _quantize(paths["edge_float_onnx"], paths["edge_int8_onnx"], splits)
     with _stage("evaluate", "evaluate", timings, progress):
         evaluation = _evaluate(paths, splits)
 
@@ -287,8 +294,11 @@ def _build(out: Path, recipe: TrainingRecipe, progress: Progress) -> None:
         "bytes": {name: paths[name].stat().st_size for name in _FILES},
         **evaluation,
         "export_max_abs_diff": parity,
-        "quantization": {"format": "QDQ", "activations": "QUInt8", "weights": "QInt8"}
-        | {"per_channel": recipe.per_channel, "calibration": "MinMax on the calibration split"},
+        "quantization": {
+            "method": QUANTIZATION,
+            "by": "model_cdn.publish.quantize_model",
+            "calibration": "the calibration split",
+        },
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
         "device": device.type,
         "torch_threads": threads,
@@ -464,59 +474,24 @@ def _export(
     return float(np.max(np.abs(got - expected)))
 
 
-def _quantize(
-    float_path: Path, int8_path: Path, splits: DigitSplits, recipe: TrainingRecipe, work: Path
-) -> None:
-    """Static INT8 in QDQ form, calibrated (MinMax) on the held-out calibration split.
+def _quantize(float_path: Path, int8_path: Path, splits: DigitSplits) -> None:
+    """Static INT8 (QDQ) by the CDN's publish pipeline, calibrated on the calibration split.
 
-    QUInt8 activations with QInt8 weights is ONNX Runtime's recommended CPU
-    setting; per-channel weights keep the few-channel convolutions accurate.
-    ``quant_pre_process`` runs first, as ONNX Runtime advises, but for shape
-    inference only: the exporter already folded the graph, and ORT's optimizer
-    pass would stamp eight unused custom-domain opset imports on the model.
+    The pipeline's own quantizer, not a copy of its settings: the file cached
+    here is byte for byte what ``publish_model`` makes of the same float model
+    and calibration inputs, so the demo's accuracy figures describe the model
+    its devices install from the CDN.
     """
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quantize_static,
-    )
-    from onnxruntime.quantization.shape_inference import quant_pre_process
+    from model_cdn.publish import quantize_model
 
-    class Calibration(CalibrationDataReader):
-        """The calibration split, 100 images per batch."""
-
-        def __init__(self, images: np.ndarray) -> None:
-            self.images = images
-            self.rewind()
-
-        def get_next(self) -> dict[str, np.ndarray] | None:
-            return next(self.batches, None)
-
-        def rewind(self) -> None:
-            starts = range(0, len(self.images), 100)
-            self.batches = iter([{"image": np.array(self.images[i : i + 100])} for i in starts])
-
-    prepared = work / "edge_prep.onnx"
-    quant_pre_process(str(float_path), str(prepared), skip_optimization=True)
-    try:
-        quantize_static(
-            str(prepared),
-            str(int8_path),
-            Calibration(splits.calibration_images),
-            quant_format=QuantFormat.QDQ,
-            per_channel=recipe.per_channel,
-            activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-            calibrate_method=CalibrationMethod.MinMax,
-            # 7-bit weights: on x86 CPUs without VNNI, ORT's fused u8 x s8 kernels can
-            # saturate with full-range weights, so the same file would answer differently
-            # on different CPUs; the CDN's publish pipeline quantizes the same way.
-            reduce_range=True,
+    int8_path.write_bytes(
+        quantize_model(
+            float_path.read_bytes(),
+            QUANTIZATION,
+            input_name="image",
+            calibration=np.ascontiguousarray(splits.calibration_images),
         )
-    finally:
-        prepared.unlink(missing_ok=True)
+    )
 
 
 def _evaluate(paths: Mapping[str, Path], splits: DigitSplits) -> dict[str, Any]:

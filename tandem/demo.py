@@ -1,40 +1,55 @@
-"""The main job on embedded defaults: broker, hub and a fleet of edge agents on real digits.
+"""The main job on embedded defaults: broker, CDN, hub and a fleet of edge agents on real digits.
 
 ``run_demo`` builds (or loads from cache) the demo's edge/cloud model pair,
-starts an MQTT broker (in-process amqtt unless a URL is given) and a hub,
-then streams the test digits through a fleet of ``EdgeAgent`` threads three
-times, once per mode: edge-only, cloud-only and collaborative (offload
-budget, calibrated on held-out digits). It returns per-mode figures and the
-per-sample outputs that the plot's offline sweep needs. No printing here:
-the CLI renders.
+starts an MQTT broker (in-process amqtt unless a URL is given), delivers the
+edge model to every simulated device through the model CDN (published,
+signed, served and installed by each device's ``ModelUpdater``: see
+``tandem._delivery``), starts a hub serving the cloud model, then streams
+the test digits through a fleet of ``EdgeAgent`` threads three times, once
+per mode: edge-only, cloud-only and collaborative (offload budget,
+calibrated on held-out digits). It returns per-mode figures, what the
+delivery did, and the per-sample outputs that the plot's offline sweep
+needs. No printing here: the CLI renders.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import queue
-import threading
+import tempfile
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from cloud_hub import Hub
-from edge_agent import EdgeAgent, InferenceResult, OffloadPolicy
+from edge_agent import EdgeAgent, OffloadPolicy
 from shared import MqttSettings, Topics
 
 from ._broker import EmbeddedBroker
-from ._data import load_digit_splits
+from ._data import DigitSplits, load_digit_splits
+from ._delivery import DeviceInstall, EdgeDelivery, deliver_edge_model
+from ._demo_errors import BrokerStartError, DeliveryError, DemoError
+from ._stream import ModeResult, stream, summarize
 from ._training import build_demo_models
 
-__all__ = ["DemoConfig", "DemoReport", "ModeResult", "run_demo"]
+__all__ = [
+    "BrokerStartError",
+    "DeliveryError",
+    "DemoConfig",
+    "DemoError",
+    "DemoReport",
+    "DeviceInstall",
+    "EdgeDelivery",
+    "ModeResult",
+    "run_demo",
+]
 
 Progress = Callable[[str, float], None]
-MODEL = "mnist"
+MODEL = "mnist"  # the cloud model, as the hub serves it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,17 +63,22 @@ class DemoConfig:
     limit: int | None = None  # stream only the first N test digits
     topic_prefix: str = "tandem/demo"
 
+    def __post_init__(self) -> None:
+        problems = [
+            f"{name} {value!r}"
+            for name, value, ok in (
+                ("devices", self.devices, self.devices >= 1),
+                ("budget", self.budget, 0.0 <= self.budget <= 1.0),
+                ("deadline_ms", self.deadline_ms, self.deadline_ms > 0),
+                ("limit", self.limit, self.limit is None or self.limit >= 1),
+            )
+            if not ok
+        ]
+        if problems:
+            raise ValueError(f"bad demo settings: {', '.join(problems)}")
 
-@dataclass
-class ModeResult:
-    name: str
-    accuracy: float
-    offload_rate: float  # share of requests sent to the cloud (answered or not)
-    p50_ms: float
-    p99_ms: float
-    sources: Counter[str] = field(default_factory=Counter)
-    fallbacks: int = 0
-    deadline_misses: int = 0
+    def device_ids(self) -> list[str]:
+        return [f"demo-{i:03d}" for i in range(self.devices)]
 
 
 @dataclass
@@ -73,6 +93,63 @@ class DemoReport:
     elapsed_s: float
     edge_float_onnx: Path  # the float edge model, for `tandem models publish`
     cloud_onnx: Path
+    delivery: EdgeDelivery  # how the edge model reached the devices
+    budget: float
+    score: str
+
+    @property
+    def gap_recovered(self) -> float:
+        """Share of the edge-to-cloud accuracy gap the collaborative mode recovered."""
+        edge, cloud, collab = (self.mode(n) for n in ("edge-only", "cloud-only", "collaborative"))
+        gap = cloud.accuracy - edge.accuracy
+        return (collab.accuracy - edge.accuracy) / gap if gap > 0 else float("nan")
+
+    def mode(self, name: str) -> ModeResult:
+        return next(m for m in self.modes if m.name == name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``report.json``: the figures, the delivery and how the models were built."""
+        return {
+            "modes": [m.to_dict() for m in self.modes],
+            "budget": self.budget,
+            "score": self.score,
+            "calibrated_threshold": self.calibration_threshold,
+            "gap_recovered": self.gap_recovered,
+            "delivery": self.delivery.to_dict(),
+            "models": self.model_report,
+            "elapsed_s": self.elapsed_s,
+        }
+
+
+@dataclass(frozen=True)
+class _Fleet:
+    """What every mode's agents share: their models, broker, topics and deadline."""
+
+    delivery: EdgeDelivery
+    mqtt: MqttSettings
+    topics: Topics
+    deadline_ms: float
+
+    def agents(self, policy: Callable[[], OffloadPolicy]) -> list[EdgeAgent]:
+        """One agent per device, each on the model its store verifies; none left open on error."""
+        agents: list[EdgeAgent] = []
+        try:
+            for install in self.delivery.devices:
+                agent = EdgeAgent(
+                    self.delivery.runtime(install.device),
+                    device_id=install.device,
+                    broker=self.mqtt,
+                    cloud_model=MODEL,
+                    policy=policy(),
+                    topics=self.topics,
+                    default_deadline_ms=self.deadline_ms,
+                )
+                agents.append(agent)
+        except BaseException:
+            for agent in agents:
+                agent.close()
+            raise
+        return agents
 
 
 def run_demo(config: DemoConfig, progress: Progress | None = None) -> DemoReport:
@@ -84,42 +161,24 @@ def run_demo(config: DemoConfig, progress: Progress | None = None) -> DemoReport
     if config.limit is not None:
         images, labels = images[: config.limit], labels[: config.limit]
     topics = Topics(config.topic_prefix)
-    with _broker(config.broker_url) as settings:
+    with (
+        tempfile.TemporaryDirectory(prefix="tandem-demo-") as workdir,
+        _broker(config.broker_url) as mqtt,
+    ):
+        delivery = deliver_edge_model(
+            models.edge_float_onnx,
+            splits,
+            devices=config.device_ids(),
+            workdir=Path(workdir),
+            broker=mqtt,
+            topics=topics,
+            cloud_model=MODEL,
+            progress=report,
+        )
+        fleet = _Fleet(delivery, mqtt, topics, config.deadline_ms)
         share_group = None if config.broker_url is None else "hubs"
-        hub = Hub(models.hub_repository, mqtt=settings, topics=topics, share_group=share_group)
-        with hub:
-            modes: list[ModeResult] = []
-            outputs: dict[str, np.ndarray] = {}
-            threshold = float("nan")
-            plans: list[tuple[str, Callable[[], OffloadPolicy]]] = [
-                ("edge-only", OffloadPolicy.always_local),
-                ("cloud-only", OffloadPolicy.always_cloud),
-                ("collaborative", lambda: OffloadPolicy.budget(config.budget, score=config.score)),
-            ]
-            for name, make_policy in plans:
-                agents = [
-                    EdgeAgent(
-                        models.edge_int8_onnx,
-                        device_id=f"demo-{i:03d}",
-                        broker=settings,
-                        cloud_model=MODEL,
-                        policy=make_policy(),
-                        topics=topics,
-                        default_deadline_ms=config.deadline_ms,
-                    )
-                    for i in range(config.devices)
-                ]
-                try:
-                    for agent in agents:
-                        agent.start(wait_s=10.0)
-                        if name == "collaborative":
-                            threshold = agent.calibrate(splits.calibration_images)
-                    results = _stream(agents, images, functools.partial(report, f"stream {name}"))
-                finally:
-                    for agent in agents:
-                        agent.close()
-                modes.append(_summarize(name, results, labels))
-                outputs[name] = np.concatenate([r.output for r in results])
+        with Hub(models.hub_repository, mqtt=mqtt, topics=topics, share_group=share_group):
+            modes, outputs, threshold = _run_modes(fleet, config, splits, images, labels, report)
     return DemoReport(
         modes=modes,
         edge_logits=outputs["edge-only"],
@@ -131,7 +190,43 @@ def run_demo(config: DemoConfig, progress: Progress | None = None) -> DemoReport
         elapsed_s=time.perf_counter() - started,
         edge_float_onnx=models.edge_float_onnx,
         cloud_onnx=models.cloud_onnx,
+        delivery=delivery,
+        budget=config.budget,
+        score=config.score,
     )
+
+
+def _run_modes(
+    fleet: _Fleet,
+    config: DemoConfig,
+    splits: DigitSplits,
+    images: np.ndarray,
+    labels: np.ndarray,
+    report: Progress,
+) -> tuple[list[ModeResult], dict[str, np.ndarray], float]:
+    """Each mode on a fresh fleet; (results, outputs by mode, calibrated threshold)."""
+    plans: Sequence[tuple[str, Callable[[], OffloadPolicy]]] = [
+        ("edge-only", OffloadPolicy.always_local),
+        ("cloud-only", OffloadPolicy.always_cloud),
+        ("collaborative", lambda: OffloadPolicy.budget(config.budget, score=config.score)),
+    ]
+    modes: list[ModeResult] = []
+    outputs: dict[str, np.ndarray] = {}
+    threshold = float("nan")
+    for name, policy in plans:
+        agents = fleet.agents(policy)
+        try:
+            for agent in agents:
+                agent.start(wait_s=10.0)
+                if name == "collaborative":
+                    threshold = agent.calibrate(splits.calibration_images)
+            results = stream(agents, images, functools.partial(report, f"stream {name}"))
+        finally:
+            for agent in agents:
+                agent.close()
+        modes.append(summarize(name, results, labels))
+        outputs[name] = np.concatenate([r.output for r in results])
+    return modes, outputs, threshold
 
 
 @contextlib.contextmanager
@@ -142,58 +237,3 @@ def _broker(url: str | None) -> Iterator[MqttSettings]:
     with EmbeddedBroker() as broker:
         # amqtt speaks MQTT 3.1.1 only: say so rather than probe for 5.
         yield MqttSettings.from_url(broker.url, protocol="3.1.1")
-
-
-def _stream(
-    agents: list[EdgeAgent], images: np.ndarray, progress: Callable[[float], None]
-) -> list[InferenceResult]:
-    """Send every image through the fleet, one request per image; results in input order."""
-    work: queue.SimpleQueue[int] = queue.SimpleQueue()
-    for i in range(len(images)):
-        work.put(i)
-    results: list[InferenceResult | None] = [None] * len(images)
-    errors: list[BaseException] = []
-    done = [0]
-    lock = threading.Lock()
-
-    def device(agent: EdgeAgent) -> None:
-        while True:
-            try:
-                i = work.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                results[i] = agent.infer(images[i : i + 1])
-            except BaseException as e:  # surfaced below; a demo must not hide a failure
-                errors.append(e)
-                return
-            with lock:
-                done[0] += 1
-                if done[0] % 25 == 0 or done[0] == len(images):
-                    progress(done[0] / len(images))
-
-    threads = [threading.Thread(target=device, args=(a,), daemon=True) for a in agents]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return [r for r in results if r is not None]
-
-
-def _summarize(name: str, results: list[InferenceResult], labels: np.ndarray) -> ModeResult:
-    predictions = np.array([int(np.argmax(r.output)) for r in results])
-    latencies = np.array([r.latency.total_ms for r in results])
-    sources = Counter(r.source.value for r in results)
-    offloaded = sum(1 for r in results if r.source.value != "edge")
-    return ModeResult(
-        name=name,
-        accuracy=float((predictions == labels).mean()),
-        offload_rate=offloaded / len(results),
-        p50_ms=float(np.percentile(latencies, 50)),
-        p99_ms=float(np.percentile(latencies, 99)),
-        sources=sources,
-        fallbacks=sources.get("edge-fallback", 0),
-        deadline_misses=sum(not r.deadline_met for r in results),
-    )

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import queue
 import threading
@@ -13,6 +14,7 @@ import pytest
 from edge_agent import (
     AgentMetrics,
     AsyncEdgeAgent,
+    BreakerState,
     CircuitBreaker,
     EdgeAgent,
     InferenceError,
@@ -133,6 +135,23 @@ def test_local_snapshot_counts_and_percentiles_match_the_calls(linear_onnx: Path
     assert metrics.model_versions == {"edge": "linear@3"}
     assert metrics.breaker_state == "closed" and metrics.uplink_connected is False
     assert metrics.device_id == "dev-tel"
+
+
+def test_metrics_are_built_from_the_agents_public_snapshot(linear_onnx: Path) -> None:
+    with make_agent(linear_onnx, None, OffloadPolicy.always_local(), labels={"site": "a"}) as agent:
+        results = [agent.infer(row[None]) for row in sample(9)]
+        snap = agent.snapshot()
+        metrics = agent.metrics()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snap.local_inflight = 1  # type: ignore[misc]
+    assert snap.device_id == "dev-tel" and snap.labels == {"site": "a"}
+    assert snap.stats.requests == snap.serving.requests == len(results)
+    assert (snap.edge_model, snap.edge_version, snap.edge_runtime) == ("linear", "3", "onnxruntime")
+    assert snap.breaker_state is BreakerState.CLOSED and snap.local_inflight == 0
+    assert snap.local_p50_ms == nearest_rank([r.latency.local_ms for r in results], 50)
+    # Nothing ran between the two reads: the telemetry is the snapshot, field for field.
+    rebuilt = AgentMetrics.from_snapshot(snap)
+    assert dataclasses.replace(rebuilt, timestamp=metrics.timestamp) == metrics
 
 
 def test_latency_window_keeps_only_the_last_requests(linear_onnx: Path) -> None:

@@ -12,11 +12,14 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from model_cdn import LocalBlobStore, open_registry, publish_model
+from shared import SigningKey, decompress_blob
 from tandem import _training
 from tandem._data import DigitSplits, load_digit_splits
 from tandem._training import (
     HUB_MODEL_CONFIG,
     MODEL_NAME,
+    QUANTIZATION,
     DemoModels,
     TrainingRecipe,
     build_demo_models,
@@ -150,6 +153,31 @@ def test_int8_model_is_qdq_and_smaller(built: tuple[DemoModels, list]) -> None:
         onnx.checker.check_model(model)
         # only the standard domain, at the recipe's opset: nothing runtime-specific
         assert [(o.domain, o.version) for o in model.opset_import] == [("", TINY.opset)]
+
+
+def test_int8_model_is_what_the_publish_pipeline_makes(
+    built: tuple[DemoModels, list], tmp_path: Path
+) -> None:
+    """One quantizer: the cached INT8 file is the publish pipeline's output, byte for byte."""
+    models, _ = built
+    splits = TINY.splits()
+    store = LocalBlobStore(tmp_path / "blobs")
+    result = publish_model(
+        models.edge_float_onnx,
+        name="demo-edge",
+        registry=open_registry(f"sqlite:///{tmp_path / 'registry.db'}"),
+        store=store,
+        signing_key=SigningKey.generate(),
+        quantize=QUANTIZATION,
+        calibration=splits.calibration_images,
+        validation=(splits.test_images, splits.test_labels),
+        min_agreement=0.0,  # a one-epoch model: the gate is not what this checks
+    )
+    blob = result.manifest.blob
+    published = decompress_blob(store.get(blob.digest), blob.raw_size)
+    assert published == models.edge_int8_onnx.read_bytes()
+    assert result.report["calibration_samples"] == len(splits.calibration_images)
+    assert models.report["quantization"]["method"] == result.report["method"] == QUANTIZATION
 
 
 def test_hub_repository_layout(built: tuple[DemoModels, list]) -> None:

@@ -16,7 +16,7 @@ from edge_agent import (
     Source,
 )
 from edge_agent.runtimes import load_runtime
-from shared import ErrorCode, Message
+from shared import ErrorCode, Message, ReplyTiming
 
 from ._brokers import MosquittoProcess, free_port
 from ._models import linear_classifier_weights
@@ -95,6 +95,32 @@ def test_cloud_answer_wins_and_reports_where_it_came_from(
     assert result.model_versions == {"edge": "linear@3", "cloud": "linear@7"}
     assert result.latency.queue_ms == 0.5 and result.latency.cloud_compute_ms == 0.25
     assert result.latency.local_ms == 0  # always_cloud does not run the local model first
+
+
+@pytest.mark.parametrize(
+    ("timing", "hub_ms"),
+    [
+        # Hub times far below any real round trip, so the network share stays positive.
+        (ReplyTiming(queue_ms=0.004, compute_ms=0.003, hub_ms=0.01), 0.01),
+        (ReplyTiming(queue_ms=0.004, compute_ms=0.003), 0.007),  # no hub_ms: queue + compute
+    ],
+)
+def test_network_time_is_the_round_trip_less_the_hub_time_the_reply_reports(
+    linear_onnx: Path, mosquitto: MosquittoProcess, timing: ReplyTiming, hub_ms: float
+) -> None:
+    def hub(request: Message) -> Message:
+        x = request.tensors["x"]
+        return request.reply(tensors={"logits": x @ W_CLOUD + B_CLOUD}, timing=timing)
+
+    with (
+        Responder(mosquitto.url, hub),
+        make_agent(linear_onnx, mosquitto.url, OffloadPolicy.always_cloud()) as agent,
+    ):
+        latency = agent.infer(sample(), deadline_ms=5000).latency
+    assert (latency.queue_ms, latency.cloud_compute_ms) == (timing.queue_ms, timing.compute_ms)
+    expected = max(0.0, latency.total_ms - latency.local_ms - hub_ms)
+    assert latency.network_ms == pytest.approx(expected, abs=1e-9)
+    assert expected > 0  # the round trip took longer than the hub says it spent
 
 
 def test_uncertain_requests_go_to_the_cloud(linear_onnx: Path, mosquitto: MosquittoProcess) -> None:

@@ -13,7 +13,9 @@ import pytest
 from onnx import TensorProto, helper
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
+import edge_agent
 import edge_agent.runtimes as runtimes
+import shared
 from edge_agent._errors import (
     InferenceError,
     InvalidInputError,
@@ -21,6 +23,7 @@ from edge_agent._errors import (
     RuntimeUnavailableError,
 )
 from edge_agent.runtimes import OnnxRuntime, TensorSpec, load_runtime
+from shared._tensor_spec import MAX_RANK
 
 from ._models import linear_classifier_weights
 
@@ -70,6 +73,45 @@ def test_describes_the_model(linear: OnnxRuntime) -> None:
     assert linear.providers[-1] == CPU
     assert linear.accelerator == linear.providers[0]
     assert linear.accelerator in repr(linear)
+
+
+def _identity(name: str, dims: list[int | str]) -> bytes:
+    """An ONNX model whose one input, ``name`` of ``dims``, is its output."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", [name], ["y"])],
+        "identity",
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, dims)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, dims)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+def test_specs_are_the_one_shared_tensor_spec(linear: OnnxRuntime) -> None:
+    assert runtimes.TensorSpec is shared.TensorSpec is edge_agent.TensorSpec
+    spec = linear.inputs[0]
+    assert type(spec) is shared.TensorSpec
+    assert spec.shape == (None, 16) and spec.dims == (-1, 16)  # None inside, -1 for Triton
+    assert spec.describe() == "x: FP32[?, 16]"
+    assert shared.TensorSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_shape_error_keeps_a_tensor_name_with_a_colon_whole() -> None:
+    rt = OnnxRuntime(_identity("input:0", ["n", 3]), name="ident")
+    with pytest.raises(InvalidInputError) as caught:
+        rt.run({"input:0": np.zeros((1, 4), np.float32)})
+    assert str(caught.value) == (
+        "input 'input:0' of model 'ident' must have shape FP32[?, 3], got [1, 4]"
+    )
+
+
+def test_a_tensor_the_protocol_cannot_describe_is_a_load_error() -> None:
+    too_deep = [1] * (MAX_RANK + 1)
+    with pytest.raises(
+        ModelLoadError, match=rf"ONNX model <\d+ bytes in memory>: .*up to {MAX_RANK}"
+    ):
+        OnnxRuntime(_identity("x", too_deep), name="deep")
 
 
 @pytest.mark.parametrize("batch", [1, 5])

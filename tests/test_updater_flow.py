@@ -14,8 +14,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_agent import ModelUpdater
-from shared import MqttSettings, SigningKey, UpdateState, compress_blob, digest, sign_document
+from edge_agent import DownloadSettings, ModelUpdater, StoreError
+from edge_agent.updater import CdnClient
+from shared import (
+    MAX_BLOB_BYTES,
+    CdnPaths,
+    ConfigError,
+    MqttSettings,
+    SigningKey,
+    UpdateState,
+    compress_blob,
+    digest,
+    sign_document,
+)
 
 from ._brokers import MosquittoProcess, free_port
 from ._test_cdn import BlobFault, LoopbackCdn
@@ -289,3 +300,18 @@ def test_a_signed_raw_digest_is_checked_at_install_and_at_boot(rig: Rig) -> None
     status = updater.check_now()
     assert status is not None and status.state is UpdateState.FAILED
     assert "raw_digest" in status.reason and updater.running_version == 2
+
+
+def test_the_device_asks_for_the_urls_the_cdn_lays_out() -> None:
+    """One URL layout (``shared.CdnPaths``) for the CDN's routes and the device's requests."""
+    client, paths = CdnClient("https://cdn.example/"), CdnPaths("https://cdn.example")
+    blob = digest(b"model bytes")
+    assert client.manifest_url(MODEL) == paths.manifest(MODEL)
+    assert client.manifest_url(MODEL, 2) == paths.manifest(MODEL, 2)
+    assert client.assignment_url("cam-7", MODEL) == paths.assignment("cam-7", MODEL)
+    assert client.blob_url(blob) == paths.blob(blob)
+    with pytest.raises(StoreError, match="refusing blob digest"):
+        client.blob_url("sha256:../../etc/passwd")
+    with pytest.raises(ConfigError):
+        client.manifest_url("../" + MODEL)
+    assert DownloadSettings().max_blob_bytes == MAX_BLOB_BYTES

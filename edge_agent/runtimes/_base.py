@@ -1,5 +1,9 @@
 """The runtime interface: one small abstract base, one private method per runtime.
 
+Models describe their tensors with ``shared.TensorSpec`` (re-exported here as
+``TensorSpec``): an Open Inference Protocol datatype and a shape whose free
+dimensions are ``None``, the one convention every package uses.
+
 ``ModelRuntime.run`` is the public entry point and enforces, before the
 runtime sees anything: every declared input is present and no unknown one;
 each array has the declared datatype and a compatible shape (``None`` dims
@@ -18,29 +22,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar, NoReturn
 
 import numpy as np
 
-from shared import TensorError, datatype_of
+from shared import TensorError, TensorSpec, datatype_of
 
 from .._errors import InferenceError, InvalidInputError
 
 __all__ = ["ModelRuntime", "TensorSpec"]
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """A model input or output: Open Inference Protocol datatype, ``None`` for a free dim."""
-
-    name: str
-    datatype: str
-    shape: tuple[int | None, ...]
-
-    def describe(self) -> str:
-        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
-        return f"{self.name}: {self.datatype}[{dims}]"
 
 
 class ModelRuntime(ABC):
@@ -129,13 +119,13 @@ class ModelRuntime(ABC):
             fits = len(shape) == len(declared)
             if fits:
                 for size, want in zip(shape, declared, strict=True):
-                    if want is not None and want >= 0 and want != size:
+                    if want is not None and want != size:
                         fits = False
                         break
             if not fits:
                 raise InvalidInputError(
                     f"input {name!r} of model {self.name!r} must have shape "
-                    f"{spec.describe().split(':', 1)[1].strip()}, got {list(shape)}"
+                    f"{spec.datatype}{_shape_text(declared)}, got {list(shape)}"
                 )
             total += array.nbytes
             checked[name] = array
@@ -180,3 +170,8 @@ class ModelRuntime(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}@{self.version} on {self.accelerator}>"
+
+
+def _shape_text(shape: tuple[int | None, ...]) -> str:
+    """``[?, 28, 28]``, as ``describe`` writes a shape (without the name, which may hold ':')."""
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"

@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from shared import ONNX_DATATYPES
+from shared import ONNX_DATATYPES, TensorError, TensorSpec
 
 from .._errors import ModelLoadError, RuntimeUnavailableError
-from ._base import ModelRuntime, TensorSpec
+from ._base import ModelRuntime
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -266,7 +266,10 @@ def _spec(arg: Any, source: str) -> TensorSpec:
         )
     # Symbolic ("batch") and unknown dims are free.
     shape = tuple(d if isinstance(d, int) and d >= 0 else None for d in arg.shape or ())
-    return TensorSpec(arg.name, datatype, shape)
+    try:
+        return TensorSpec(arg.name, datatype, shape)
+    except TensorError as e:  # a name or rank the protocol cannot carry
+        raise ModelLoadError(f"ONNX model {source}: {e}") from e
 
 
 def _first_line(error: BaseException) -> str:

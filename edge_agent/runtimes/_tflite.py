@@ -34,10 +34,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from shared import TensorError, datatype_of
+from shared import TensorError, TensorSpec, datatype_of
 
 from .._errors import ModelLoadError, RuntimeUnavailableError
-from ._base import ModelRuntime, TensorSpec
+from ._base import ModelRuntime
 
 __all__ = ["TFLiteRuntime"]
 
@@ -255,7 +255,10 @@ def _spec(name: str, details: Mapping[str, Any], source: str) -> TensorSpec:
         raise ModelLoadError(f"TFLite model {source}: tensor {name!r}: {e}") from e
     signature = details.get("shape_signature")
     dims = signature if signature is not None and len(signature) else details["shape"]
-    return TensorSpec(name, datatype, tuple(None if d < 0 else int(d) for d in dims))
+    try:
+        return TensorSpec(name, datatype, tuple(None if d < 0 else int(d) for d in dims))
+    except TensorError as e:  # a name or rank the protocol cannot carry
+        raise ModelLoadError(f"TFLite model {source}: {e}") from e
 
 
 def _first_line(error: BaseException) -> str:

@@ -1,7 +1,10 @@
 """HTTP from the device to the model CDN: bounded documents and resumable blob downloads.
 
-The standard library's urllib only (a device installs nothing heavy).
-``CdnClient``'s public methods hold every rule; ``_open`` is the one place
+The standard library's urllib only (a device installs nothing heavy). URLs
+come from ``shared.CdnPaths``, the CDN's one layout, and the size and digest
+rules from ``shared`` (``MAX_DOCUMENT_BYTES``, ``MAX_BLOB_BYTES``,
+``DIGEST_PATTERN``), as the CDN itself uses them. ``CdnClient``'s public
+methods hold every rule; ``_open`` is the one place
 that touches urllib, so another transport overrides just that.
 
 Invariants:
@@ -42,16 +45,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
-from shared import TlsSettings, validate_name
+from shared import MAX_BLOB_BYTES, MAX_DOCUMENT_BYTES, CdnPaths, ConfigError, TlsSettings
 
 from .._errors import DownloadError, StoreError
 
-__all__ = ["MAX_DOCUMENT_BYTES", "CdnClient", "DownloadResult", "DownloadSettings"]
+__all__ = ["CdnClient", "DownloadResult", "DownloadSettings"]
 
-MAX_DOCUMENT_BYTES = 1024 * 1024  # a signed manifest or assignment; shared's parser limit too
-DIGEST_PATTERN = re.compile(r"sha256:([0-9a-f]{64})")
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+)")
 
 
@@ -62,7 +63,7 @@ class DownloadSettings:
     max_attempts: int = 5  # requests per blob, resumes and restarts included
     retry_delay_s: float = 0.2  # before a resume; grows linearly with the attempt
     budget_factor: float = 3.0  # bytes read per blob: at most this x its size, plus a chunk
-    max_blob_bytes: int = 1024**3  # refuse a manifest that declares a larger blob …
+    max_blob_bytes: int = MAX_BLOB_BYTES  # refuse a manifest that declares a larger blob …
     max_raw_bytes: int = 2 * 1024**3  # … or a model that expands to more
     tls: TlsSettings | None = None  # https://: the CA to pin, a client certificate
 
@@ -106,7 +107,7 @@ def discard_partial(partial: Path) -> None:
 
 
 class CdnClient:
-    """Talks to one CDN: ``{base}/v1/models/…``, ``{base}/v1/blobs/…``, ``{base}/v1/devices/…``."""
+    """Talks to one CDN at ``base_url``: manifests, assignments and blobs (``shared.CdnPaths``)."""
 
     def __init__(
         self,
@@ -119,6 +120,7 @@ class CdnClient:
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"CDN URL must be http:// or https://, got {base_url!r:.100}")
         self.base_url = base_url.rstrip("/")
+        self.paths = CdnPaths(self.base_url)
         self.settings = settings or DownloadSettings()
         self._token = read_token
         handlers: list[urllib.request.BaseHandler] = [_AuthStaysHome()]
@@ -129,20 +131,18 @@ class CdnClient:
     # -- URLs --------------------------------------------------------------------------------
 
     def manifest_url(self, model: str, version: int | None = None) -> str:
-        name = quote(validate_name(model, "model name"), safe="")
-        if version is None:
-            return f"{self.base_url}/v1/models/{name}/manifest"
-        return f"{self.base_url}/v1/models/{name}/versions/{int(version)}/manifest"
+        """The signed manifest of ``model@version`` (the latest when ``version`` is None)."""
+        return self.paths.manifest(model, version)
 
     def assignment_url(self, device: str, model: str) -> str:
-        device = quote(validate_name(device, "device id"), safe="")
-        model = quote(validate_name(model, "model name"), safe="")
-        return f"{self.base_url}/v1/devices/{device}/assignments/{model}"
+        return self.paths.assignment(device, model)
 
     def blob_url(self, digest: str) -> str:
-        if not isinstance(digest, str) or not DIGEST_PATTERN.fullmatch(digest):
-            raise StoreError(f"refusing blob digest {digest!r:.80}: not 'sha256:<64 hex>'")
-        return f"{self.base_url}/v1/blobs/{digest}"
+        """The blob's URL; ``StoreError`` for a digest that is not ``sha256:<64 hex>``."""
+        try:
+            return self.paths.blob(digest)
+        except ConfigError as e:  # from a manifest: refused like any name that would escape
+            raise StoreError(f"refusing blob digest {digest!r:.80}: not 'sha256:<64 hex>'") from e
 
     # -- documents ---------------------------------------------------------------------------
 

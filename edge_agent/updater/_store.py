@@ -45,11 +45,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shared import ConfigError, ModelManifest, PublicKey, digest, validate_name
+from shared import (
+    DIGEST_PATTERN,
+    MAX_DOCUMENT_BYTES,
+    ConfigError,
+    ModelManifest,
+    PublicKey,
+    digest,
+    validate_name,
+)
 
 from .._errors import IntegrityError, StoreError, UpdateError
 from ..runtimes import ModelRuntime
-from ._download import DIGEST_PATTERN, MAX_DOCUMENT_BYTES
 from ._smoke import load_checked_runtime
 from ._trust import TrustRecord, verify_installed_manifest
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from shared import (
+    MAX_DOCUMENT_BYTES,
     Assignment,
     MqttSettings,
     PublicKey,
@@ -50,10 +51,10 @@ from shared import (
     validate_name,
 )
 
-from .._agent import BaseAgent
+from .._base_agent import BaseAgent
 from .._errors import DownloadError, UntrustedUpdateError, UpdateError
 from ..runtimes import ModelRuntime
-from ._download import MAX_DOCUMENT_BYTES, CdnClient, DownloadSettings
+from ._download import CdnClient, DownloadSettings
 from ._fetch import ModelFetcher
 from ._smoke import load_checked_runtime
 from ._stats import UpdaterStats
