@@ -386,7 +386,7 @@ def test_telemetry_parses_and_reflects_the_version_and_disagreement(
         for device in devices:
             report = latest(device, 1)
             assert report is not None
-            assert report.model == MODEL and report.capabilities == {"runtime": "simulated"}
+            assert report.model == MODEL and report.capabilities["runtime"] == "simulated"
             assert set(report.labels) == {"site", "hw", "line"} and report.labels["line"] == "7"
             assert report.agreement_samples == report.offloads <= report.requests
             assert report.p50_ms is not None and report.p99_ms is not None

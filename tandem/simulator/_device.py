@@ -7,9 +7,10 @@ a decision about what the device would do and report.
 Its trust decisions are the real updater's (``edge_agent.updater.UpdateTrust``:
 pinned keys, expiry, device and model, no downgrade without a signed
 rollback, no replay) and its telemetry is what a real agent's
-``TelemetryReporter`` sends (``edge_agent.AgentMetrics``, which is also a
-``shared.DeviceReport``), so the fleet a rollout sees is the fleet of real
-devices, short of running models. An assignment's way through a device:
+``TelemetryReporter`` sends (``AgentMetrics.from_snapshot`` of an
+``edge_agent.AgentSnapshot``; on the wire also a ``shared.DeviceReport``),
+so the fleet a rollout sees is the fleet of real devices, short of running
+models. An assignment's way through a device:
 
     received ──verify──▶ refused (a ``failed`` report; nothing changes)
         │                  bad or untrusted signature, expired, another device
@@ -32,12 +33,21 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import MappingProxyType
 
-from edge_agent import AgentMetrics, BreakerState, ModelCounters, Source, UntrustedUpdateError
+from edge_agent import (
+    AgentMetrics,
+    AgentSnapshot,
+    AgentStats,
+    BreakerState,
+    ModelCounters,
+    Source,
+    UntrustedUpdateError,
+)
 from edge_agent.updater import TrustRecord, UpdateTrust
 from shared import (
     Assignment,
@@ -64,6 +74,7 @@ DISAGREEMENT = 0.60  # … a model that disagrees with the cloud
 OFFLOAD_RATE = 0.20
 ERROR_RATE = 0.002
 _REMEMBERED = 16  # assignment payloads a device remembers having handled
+SIMULATED = "simulated"  # the runtime and accelerator a simulated device reports
 
 
 @dataclass(frozen=True)
@@ -263,42 +274,50 @@ class SimulatedDevice:
         life.add(new, offloads, agreed)
         p50 = round(self.traits.p50_ms * self._rng.uniform(0.9, 1.1), 3) if self.requests else None
         p99 = round(p50 * self._rng.uniform(3.0, 5.0), 3) if p50 is not None else None
-        return AgentMetrics(
-            device_id=self.device,
+        stats = AgentStats(
             requests=life.requests,
-            by_source={
-                Source.EDGE.value: life.requests - life.offloads,
-                Source.CLOUD.value: life.offloads,
-            },
-            offload_rate=life.offloads / life.requests if life.requests else 0.0,
-            fallbacks={},
-            deadline_misses=0,
-            local_p50_ms=None,
-            local_p99_ms=None,
-            offloaded_p50_ms=None,
-            offloaded_p99_ms=None,
-            total_p50_ms=p50,
-            total_p99_ms=p99,
-            agreement_rate=life.agreed / life.offloads if life.offloads else None,
-            agreement_samples=life.offloads,
-            model_versions={"edge": f"{self.model}@{self.running_version}"},
-            breaker_state=BreakerState.CLOSED.value,
-            uplink_connected=True,
-            timestamp=now,
-            labels=dict(self.labels),
-            capabilities={"runtime": "simulated"},
-            model=self.model,
-            version=self.running_version,
-            serving=ModelCounters(
-                requests=self.requests,
-                errors=self.errors,
-                offloads=self.offloads,
-                agreement_samples=self.offloads,
-                agreed=self.agreed,
-                p50_ms=p50,
-                p99_ms=p99,
-                since=self._since,
+            by_source=Counter(
+                {
+                    Source.EDGE.value: life.requests - life.offloads,
+                    Source.CLOUD.value: life.offloads,
+                }
             ),
+            offload_attempts=life.offloads,
+        )
+        serving = ModelCounters(
+            requests=self.requests,
+            errors=self.errors,
+            offloads=self.offloads,
+            agreement_samples=self.offloads,
+            agreed=self.agreed,
+            p50_ms=p50,
+            p99_ms=p99,
+            since=self._since,
+        )
+        return AgentMetrics.from_snapshot(
+            AgentSnapshot(
+                device_id=self.device,
+                labels=dict(self.labels),
+                stats=stats,
+                serving=serving,
+                edge_model=self.model,
+                edge_version=str(self.running_version),
+                edge_runtime=SIMULATED,
+                edge_accelerator=SIMULATED,
+                cloud_version=None,
+                local_p50_ms=None,
+                local_p99_ms=None,
+                offloaded_p50_ms=None,
+                offloaded_p99_ms=None,
+                total_p50_ms=p50,
+                total_p99_ms=p99,
+                agreement_rate=life.agreed / life.offloads if life.offloads else None,
+                agreement_samples=life.offloads,
+                breaker_state=BreakerState.CLOSED,
+                uplink_connected=True,
+                local_inflight=0,
+                taken_at=now,
+            )
         )
 
     def accept_manifest(self, raw: bytes | None, assignment: Assignment) -> ModelManifest:
