@@ -58,7 +58,7 @@ _MB = 1e6
 
 def blob_serving(work: Path) -> dict[str, Any]:
     """Throughput rounds, nginx's version and the CDN's profile; or ``{"skipped": why}``."""
-    from model_cdn._server import BLOB_FILE_CHUNK_BYTES
+    from model_cdn.http._blobs import BLOB_FILE_CHUNK_BYTES
     from model_cdn.store import LocalBlobStore
 
     nginx = shutil.which("nginx") or next(
@@ -88,7 +88,7 @@ def blob_serving(work: Path) -> dict[str, Any]:
         "warning",
     ]
     patched = (
-        "import sys, model_cdn._server as s; "
+        "import sys, model_cdn.http._blobs as s; "
         f"s._BlobFileResponse.chunk_size = {_OLD_CHUNK_BYTES}; "
         "from tandem.cli import main; sys.argv[0] = 'tandem'; main()"
     )
@@ -505,7 +505,7 @@ def throughput_section(
         "shared box, so the absolute figures (nginx's most) also carry the client's limits "
         "and other load; the per-round ratios are the figure to read.",
         f"The CDN's blob responses read {kib:,} KiB per chunk (`_BlobFileResponse.chunk_size` "
-        "in model_cdn/_server.py); the '64 KiB chunks' rows are the same server with "
+        "in model_cdn/http/_blobs.py); the '64 KiB chunks' rows are the same server with "
         "Starlette's default, as it shipped before. A sweep with this harness (5 rounds) gave "
         "256 KiB about twice the CPU per GB of 1 MiB and 4 MiB no gain over 1 MiB.",
         f"Reading the profile: per {mib:.0f} MiB GET the event loop makes {passes} passes "

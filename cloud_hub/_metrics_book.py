@@ -23,14 +23,19 @@ from __future__ import annotations
 import bisect
 import contextlib
 import json
+import logging
 import os
 import tempfile
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Histogram", "MetricsBook", "merge_books", "read_books"]
+__all__ = ["BookDumper", "Histogram", "MetricsBook", "merge_books", "read_books"]
+
+log = logging.getLogger(__name__)
 
 Labels = tuple[str, ...]
 
@@ -63,7 +68,7 @@ class Histogram:
 
 
 class MetricsBook:
-    """One process's metrics. Not thread-safe by itself: one writer thread, or a lock."""
+    """One process's metrics. Thread-safe: every change and ``to_json`` take one lock."""
 
     def __init__(self, role: str = "hub", pid: int | None = None, started: int = 0) -> None:
         self.role = role
@@ -73,27 +78,36 @@ class MetricsBook:
         self.gauges: dict[tuple[str, Labels], float] = {}
         self.histograms: dict[tuple[str, Labels], Histogram] = {}
         self.info: dict[tuple[str, Labels], dict[str, str]] = {}
+        self._lock = threading.Lock()
 
     def inc(self, name: str, labels: Labels, value: float = 1.0) -> None:
         key = (name, labels)
-        self.counters[key] = self.counters.get(key, 0.0) + value
+        with self._lock:
+            self.counters[key] = self.counters.get(key, 0.0) + value
 
     def set(self, name: str, labels: Labels, value: float) -> None:
-        self.gauges[(name, labels)] = value
+        with self._lock:
+            self.gauges[(name, labels)] = value
 
     def observe(self, name: str, labels: Labels, value: float, bounds: Sequence[float]) -> None:
         key = (name, labels)
-        histogram = self.histograms.get(key)
-        if histogram is None:
-            histogram = self.histograms[key] = Histogram(tuple(bounds))
-        histogram.observe(value)
+        with self._lock:
+            histogram = self.histograms.get(key)
+            if histogram is None:
+                histogram = self.histograms[key] = Histogram(tuple(bounds))
+            histogram.observe(value)
 
     def set_info(self, name: str, labels: Labels, values: dict[str, str]) -> None:
-        self.info[(name, labels)] = dict(values)
+        with self._lock:
+            self.info[(name, labels)] = dict(values)
 
     # -- sharing between processes ---------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
+        with self._lock:
+            return self._to_json()
+
+    def _to_json(self) -> dict[str, Any]:
         return {
             "role": self.role,
             "pid": self.pid,
@@ -134,6 +148,28 @@ class MetricsBook:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+
+
+class BookDumper:
+    """Dumps a book into ``directory`` at most every ``every_s`` (``tick``), and at ``close``."""
+
+    def __init__(self, book: MetricsBook, directory: Path, every_s: float = 1.0) -> None:
+        self.book = book
+        self.directory = directory
+        self.every_s = every_s
+        self._next = 0.0
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self.every_s
+            self.close()
+
+    def close(self) -> None:
+        try:
+            self.book.dump(self.directory)
+        except OSError as e:  # the directory went away (the hub is stopping): nothing to keep
+            log.debug("metrics not written: %s", e)
 
 
 def read_books(directory: Path) -> list[tuple[MetricsBook, bool]]:

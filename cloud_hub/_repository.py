@@ -30,7 +30,7 @@ from ._config import ModelConfig, Platform, resolve_config
 from ._errors import ModelConfigError, ModelNotFoundError, RepositoryError
 from .executors import Executor, OnnxExecutor, TorchExecutor
 
-__all__ = ["MODEL_FILES", "ModelRepository", "ServedModel"]
+__all__ = ["MODEL_FILES", "ModelRepository", "ServedModel", "model_configs", "read_config"]
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,11 @@ class ModelRepository:
     def load_directory(
         self, path: str | Path, *, torch_device: str | None = None
     ) -> list[ServedModel]:
-        """Load every model under ``path``; all or nothing."""
+        """Load every model under ``path``; all or nothing.
+
+        ``torch_device`` (``cpu``, ``cuda``, ``cuda:N``) places every model, ONNX ones
+        included; ``None`` uses a GPU when there is one.
+        """
         root = Path(path)
         if not root.is_dir():
             raise RepositoryError(f"{root}: model repository is not a directory")
@@ -166,6 +170,18 @@ class ModelRepository:
             log.warning("%s: no models found (expected <model>/<version>/model.onnx)", root)
         return loaded
 
+    def load_model(self, path: str | Path, name: str, *, device: str | None = None) -> ServedModel:
+        """Load one model of the repository at ``path`` onto ``device`` (an executor process)."""
+        model_dir = Path(path) / name
+        if not model_dir.is_dir():
+            raise ModelNotFoundError(f"{model_dir}: no such model directory")
+        name, version, config, executor = _load_model_dir(model_dir, device)
+        try:
+            return self.add(name, executor, version=version, config=config)
+        except BaseException:
+            executor.close()
+            raise
+
     def close(self) -> None:
         """Close every executor and forget the models."""
         with self._lock:
@@ -178,9 +194,24 @@ class ModelRepository:
                 log.exception("closing %s failed", served.label)
 
 
-def _load_model_dir(
-    model_dir: Path, torch_device: str | None
-) -> tuple[str, int, ModelConfig, Executor]:
+def model_configs(path: str | Path) -> dict[str, ModelConfig]:
+    """Each model's ``config.json`` under ``path``, read without loading any model."""
+    root = Path(path)
+    if not root.is_dir():
+        raise RepositoryError(f"{root}: model repository is not a directory")
+    configs: dict[str, ModelConfig] = {}
+    for model_dir in sorted(p for p in root.iterdir() if p.is_dir()):
+        if model_dir.name.startswith((".", "_")):
+            continue
+        try:
+            name = validate_name(model_dir.name, "model directory name")
+        except ConfigError as e:
+            raise ModelConfigError(f"{model_dir}: {e}") from e
+        configs[name] = read_config(model_dir / "config.json")
+    return configs
+
+
+def _load_model_dir(model_dir: Path, device: str | None) -> tuple[str, int, ModelConfig, Executor]:
     try:
         name = validate_name(model_dir.name, "model directory name")
     except ConfigError as e:
@@ -212,7 +243,13 @@ def _load_model_dir(
         )
     model_file = version_dir / files[0]
     if MODEL_FILES[files[0]] == "onnxruntime":
-        return name, version, config, OnnxExecutor(model_file)
+        executor: Executor = OnnxExecutor(
+            model_file,
+            device=device,
+            fp16=config.fp16,
+            max_batch_size=config.max_batch_size or 0,
+        )
+        return name, version, config, executor
     if config.inputs is None or config.outputs is None:
         raise ModelConfigError(
             f"{config.source}: inputs and outputs: required for torch models "
@@ -222,7 +259,7 @@ def _load_model_dir(
         model_file,
         input_names=[s.name for s in config.inputs],
         output_names=[s.name for s in config.outputs],
-        device=torch_device,
+        device=device,
     )
     return name, version, config, executor
 

@@ -4,9 +4,14 @@
   compressed, signed, stored and registered.
 - ``open_registry`` / ``Registry``: versions, manifests and assignments
   (SQLite or PostgreSQL); ``open_store`` / ``BlobStore``: content-addressed blobs.
-- ``create_app``: the HTTP API devices download from.
-- ``make_assignment`` / ``publish_assignment``: tell a device which version to run.
+- ``add_version`` / ``delete_version`` / ``assign_version``: the write operations,
+  one code path each for the HTTP API and the CLI (``_operations``).
+- ``AssignmentPublisher``: the one way an assignment leaves the CDN (stored,
+  then published retained over MQTT); ``make_assignment`` signs one.
+  ``publish_assignment`` is deprecated.
+- ``create_app``: the HTTP API devices download from (``model_cdn.http``).
 - ``AdminClient``: the admin API from elsewhere (publish, assign, rollouts, fleet).
+- ``CdnError`` and its subclasses: the exception tree is drawn in ``_errors``.
 
 Light to import: the HTTP server (FastAPI) and the publish pipeline (onnx,
 onnxruntime) load on first use of their names, PostgreSQL support on first
@@ -18,52 +23,79 @@ from __future__ import annotations
 import importlib as _importlib
 import typing as _typing
 
-from ._admin_client import AdminApiError, AdminClient
+from ._admin_client import AdminClient
 from ._assign import make_assignment, publish_assignment
 from ._errors import (
+    AdminApiError,
+    AssignmentNotPublishedError,
+    AuthDenied,
     AuthError,
     BlobNotFoundError,
+    BrokerError,
     CdnError,
     DeviceNotFoundError,
+    DocumentRejectedError,
+    HttpError,
     InvalidNameError,
     ModelNotFoundError,
     PublishError,
     QuantizationError,
+    RangeNotSatisfiableError,
     RegistryError,
+    RolloutConflictError,
     RolloutNotFoundError,
+    RolloutRequestError,
+    RolloutStateError,
     StoreError,
     ValidationError,
     VersionConflictError,
 )
+from ._operations import AssignResult, add_version, assign_version, delete_version
+from ._publisher import AssignmentLink, AssignmentPublisher
 from .registry import Registry, VersionRecord, open_registry
 from .store import BlobStore, LocalBlobStore, open_store
 
 if _typing.TYPE_CHECKING:
-    from ._server import create_app
+    from .http import create_app
     from .publish import PublishResult, load_samples, publish_model
 
 __all__ = [
     "AdminApiError",
     "AdminClient",
+    "AssignResult",
+    "AssignmentLink",
+    "AssignmentNotPublishedError",
+    "AssignmentPublisher",
+    "AuthDenied",
     "AuthError",
     "BlobNotFoundError",
     "BlobStore",
+    "BrokerError",
     "CdnError",
     "DeviceNotFoundError",
+    "DocumentRejectedError",
+    "HttpError",
     "InvalidNameError",
     "LocalBlobStore",
     "ModelNotFoundError",
     "PublishError",
     "PublishResult",
     "QuantizationError",
+    "RangeNotSatisfiableError",
     "Registry",
     "RegistryError",
+    "RolloutConflictError",
     "RolloutNotFoundError",
+    "RolloutRequestError",
+    "RolloutStateError",
     "StoreError",
     "ValidationError",
     "VersionConflictError",
     "VersionRecord",
+    "add_version",
+    "assign_version",
     "create_app",
+    "delete_version",
     "load_samples",
     "make_assignment",
     "open_registry",
@@ -74,7 +106,7 @@ __all__ = [
 
 # name -> the module that defines it, imported on first access
 _LAZY = {
-    "create_app": "._server",
+    "create_app": ".http",
     "PublishResult": ".publish",
     "load_samples": ".publish",
     "publish_model": ".publish",

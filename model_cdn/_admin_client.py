@@ -12,10 +12,7 @@ raw bytes); URLs from ``shared.CdnPaths``. Every failure is an
 - the server could not be reached, TLS failed or the answer was not JSON:
   ``status`` is None and the message says so (``cannot reach the CDN at URL: …``).
 
-Exceptions::
-
-    model_cdn.CdnError
-    └── AdminApiError   the admin API refused the request or could not be reached
+Its one exception, ``AdminApiError``, hangs in the tree drawn in ``_errors``.
 """
 
 from __future__ import annotations
@@ -32,20 +29,12 @@ from urllib.parse import urlencode, urlsplit
 
 from shared import MAX_BLOB_BYTES, MAX_DOCUMENT_BYTES, CdnPaths
 
-from ._errors import CdnError
+from ._errors import AdminApiError
 
 __all__ = ["DEFAULT_CDN_URL", "AdminApiError", "AdminClient"]
 
 DEFAULT_CDN_URL = "http://127.0.0.1:8700"
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # a fleet listing of many thousand devices fits
-
-
-class AdminApiError(CdnError):
-    """The admin API refused the request (``status`` set) or could not be reached (None)."""
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        super().__init__(" ".join(str(message).split()) or "unknown error")
-        self.status = status
 
 
 class AdminClient:

@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -34,6 +34,7 @@ from shared import (
 __all__ = [
     "PG_ADMIN_URL",
     "NoWholeReadLocalStore",
+    "RecordingLink",
     "StreamOnlyStore",
     "files_under",
     "make_assignment_doc",
@@ -78,6 +79,29 @@ def make_assignment_doc(
         expires_at=format_time(NOW + timedelta(days=1)),
     )
     return sign_document(assignment.to_dict(), key)
+
+
+class RecordingLink:
+    """An ``AssignmentLink`` that keeps what it was given: (device, document, wait_s).
+
+    For tests of the controller's decisions without a broker; the MQTT path
+    itself is tested against real Mosquitto (test_cdn_publisher.py).
+    """
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any], float | None]] = []
+
+    def publish_retained(
+        self, device: str, document: Mapping[str, Any], *, wait_s: float | None = None
+    ) -> None:
+        self.sent.append((device, dict(document), wait_s))
+
+    @property
+    def published(self) -> list[tuple[str, dict[str, Any]]]:
+        return [(device, doc) for device, doc, _wait in self.sent]
+
+    def clear(self) -> None:
+        self.sent.clear()
 
 
 class StreamOnlyStore(BlobStore):
@@ -132,10 +156,13 @@ class NoWholeReadLocalStore(LocalBlobStore):
 
 
 @contextmanager
-def serve_in_thread(app: Any, ssl: dict[str, Any] | None = None, *, port: int = 0) -> Iterator[str]:
+def serve_in_thread(
+    app: Any, ssl: dict[str, Any] | None = None, *, port: int = 0, lifespan: str = "off"
+) -> Iterator[str]:
     """Run ``app`` with real uvicorn on a loopback port (a free one by default); yields its URL.
 
     ``ssl``: uvicorn's ``ssl_*`` options (``ssl_certfile`` …): it then serves HTTPS.
+    ``lifespan="on"`` runs the app's startup and shutdown as ``uvicorn.run`` would.
     """
     import uvicorn
 
@@ -145,7 +172,7 @@ def serve_in_thread(app: Any, ssl: dict[str, Any] | None = None, *, port: int = 
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", **(ssl or {}))
+    config = uvicorn.Config(app, log_level="warning", lifespan=lifespan, **(ssl or {}))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

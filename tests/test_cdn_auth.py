@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from model_cdn._server import create_app
+from model_cdn import create_app
 from model_cdn.registry import SqliteRegistry
 from model_cdn.store import LocalBlobStore
 from shared import ApiKeyFile, ApiKeyGuard, digest, generate_api_key, parse_api_key

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from model_cdn._server import create_app
+from model_cdn import create_app
 from model_cdn.registry import SqliteRegistry
 from model_cdn.store import BlobStore
 from shared import SigningKey, digest

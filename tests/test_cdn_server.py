@@ -20,9 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from model_cdn import CdnError
+from model_cdn import CdnError, create_app
 from model_cdn._assign import make_assignment, publish_assignment
-from model_cdn._server import create_app
 from model_cdn.registry import Registry, SqliteRegistry
 from model_cdn.store import BlobStore
 from shared import MqttSettings, SigningKey, Topics, digest, verify_assignment
@@ -69,6 +68,8 @@ def make_cdn(tmp_path: Path) -> Iterator[Callable[..., Cdn]]:
             )
             options.setdefault("admin_token", ADMIN)
             app = create_app(registry=registry, store=blobs, **options)
+            if app.state.publisher is not None:  # its own MQTT link (``mqtt=``)
+                stack.callback(app.state.publisher.close)
             url = stack.enter_context(serve_in_thread(app))
             client = stack.enter_context(httpx.Client(base_url=url, timeout=30))
             return Cdn(url, client, registry, blobs, root)
@@ -574,7 +575,7 @@ def test_our_range_plan_matches_what_file_response_sends(header: str) -> None:
     (this guards against a Starlette upgrade changing the rules under us)."""
     from starlette.responses import FileResponse
 
-    from model_cdn._ranges import plan_range
+    from model_cdn.http._ranges import plan_range
 
     planned = plan_range(header, None, '"etag"', 100)
     assert planned is not None

@@ -32,7 +32,7 @@ CODEC_ERRORS = (BadRequestError, InvalidRequestError, LimitExceededError, Tensor
         ({"datatype": "FP32", "data": [True]}, InvalidRequestError),
         ({"datatype": "BOOL", "data": [1]}, InvalidRequestError),
         ({"datatype": "BYTES", "data": [1]}, InvalidRequestError),
-        ({"datatype": "BYTES", "data": ["\ud800"]}, InvalidRequestError),
+        ({"datatype": "BYTES", "data": ["\ud800"]}, BadRequestError),  # orjson: not Unicode
         ({"datatype": ["FP32"], "data": [1.0]}, InvalidRequestError),
         ({"datatype": "FP32", "data": [[1.0]]}, InvalidRequestError),
         ({"datatype": "FP32", "data": 1.0}, InvalidRequestError),

@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import pytest
 
-from model_cdn import LocalBlobStore, create_app, open_registry
+from model_cdn import AssignmentPublisher, LocalBlobStore, create_app, open_registry
 from model_cdn.rollout._controller import RolloutController
 from shared import ApiKeyFile, ApiKeyGuard, DeviceReport, SigningKey, generate_api_key
 
-from ._cdn import make_manifest_doc, serve_in_thread
+from ._cdn import RecordingLink, make_manifest_doc, serve_in_thread
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 MODEL = "mnist"
@@ -30,7 +30,7 @@ MODEL = "mnist"
 class Api:
     client: httpx.Client
     controller: RolloutController
-    published: list[tuple[str, dict[str, Any]]]
+    link: RecordingLink
     keys_file: Path
 
     def key(self, *scopes: str) -> dict[str, str]:
@@ -45,10 +45,8 @@ def api(tmp_path: Path) -> Iterator[Api]:
     registry = open_registry(tmp_path / "registry.db")
     for v in (1, 2):
         registry.add_version(make_manifest_doc(key, MODEL, v))
-    published: list[tuple[str, dict[str, Any]]] = []
-    controller = RolloutController(
-        registry, key, lambda d, doc: published.append((d, doc)), tick_s=0.05
-    )
+    link = RecordingLink()
+    controller = RolloutController(registry, AssignmentPublisher(link, key=key), tick_s=0.05)
     for i in range(10):
         controller.submit(
             DeviceReport(
@@ -76,7 +74,7 @@ def api(tmp_path: Path) -> Iterator[Api]:
         stack.callback(controller.stop)
         url = stack.enter_context(serve_in_thread(app))
         client = stack.enter_context(httpx.Client(base_url=url, timeout=30, headers=ADMIN))
-        yield Api(client, controller, published, keys_file)
+        yield Api(client, controller, link, keys_file)
 
 
 def start_body(**overrides: Any) -> dict[str, Any]:
@@ -90,7 +88,7 @@ def test_start_status_commands_and_list(api: Api) -> None:
     rid = status["id"]
     assert status["state"] == "running" and status["counts"]["total"] == 1
     assert [w["planned"] for w in status["waves"]] == [1, 5]  # per wave
-    assert {d for d, _doc in api.published} <= {f"cam-{i}" for i in range(6)}
+    assert {d for d, _doc in api.link.published} <= {f"cam-{i}" for i in range(6)}
     assert api.client.get(f"/v1/rollouts/{rid}").json()["id"] == rid
     paused = api.client.post(f"/v1/rollouts/{rid}/pause")
     assert paused.status_code == 200 and paused.json()["state"] == "paused"
@@ -123,7 +121,7 @@ def test_bad_starts_are_clear_and_change_nothing(
     assert response.status_code == status, response.text
     assert words in response.json()["error"]
     assert api.client.get("/v1/rollouts").json() == {"rollouts": []}
-    assert api.published == []
+    assert api.link.published == []
 
 
 def test_not_json_unknown_ids_and_commands(api: Api) -> None:

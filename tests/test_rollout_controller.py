@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from model_cdn import ModelNotFoundError, open_registry
+from model_cdn import AssignmentPublisher, ModelNotFoundError, open_registry
 from model_cdn.rollout import RolloutStateError
 from model_cdn.rollout._controller import (
     RolloutConflictError,
@@ -31,7 +31,7 @@ from shared import (
     verify_assignment,
 )
 
-from ._cdn import NOW, make_manifest_doc
+from ._cdn import NOW, RecordingLink, make_manifest_doc
 
 MODEL = "mnist"
 
@@ -52,7 +52,7 @@ class Fleet:
         self.registry = open_registry(path / "registry.db")
         for v in (1, 2, 3):
             self.registry.add_version(make_manifest_doc(self.key, MODEL, v))
-        self.published: list[tuple[str, dict[str, Any]]] = []
+        self.link = RecordingLink()
         self.controller = self._controller()
         self.running: dict[str, int] = {}
         for i in range(devices):
@@ -60,12 +60,8 @@ class Fleet:
         self.controller.step()
 
     def _controller(self) -> RolloutController:
-        return RolloutController(
-            self.registry,
-            self.key,
-            lambda device, doc: self.published.append((device, doc)),
-            clock=self.clock,
-        )
+        publisher = AssignmentPublisher(self.link, key=self.key)
+        return RolloutController(self.registry, publisher, clock=self.clock)
 
     def restart(self) -> None:
         self.controller.stop()
@@ -119,11 +115,13 @@ class Fleet:
     def take(self) -> list[tuple[str, int, bool]]:
         """(device, version, rollback) of every assignment published since the last call."""
         out = []
-        for device, doc in self.published:
+        for device, doc, wait_s in self.link.sent:
             a = verify_assignment(doc, [self.key.public_key])
             assert a.device == device and a.model == MODEL
+            assert wait_s is None  # the controller never stalls on the broker
+            assert self.registry.get_assignment(device, MODEL) is not None
             out.append((device, a.version, a.rollback))
-        self.published.clear()
+        self.link.clear()
         return out
 
     def install_all(

@@ -28,6 +28,7 @@ from model_cdn.rollout import (
     parse_waves,
     plan_waves,
 )
+from shared import UpdateState
 
 EU = {"region": "eu", "hw": "npu"}
 
@@ -401,6 +402,54 @@ def test_to_dict_round_trip_mid_rollout_continues_identically() -> None:
         Rollout.from_dict({**a.to_dict(), "format": 99})
 
 
+# A snapshot as the release before update states became enums persisted it.
+_EARLIER_SNAPSHOT = json.loads(
+    """{"format": 1, "spec": {"model": "mnist", "version": 2, "previous_version": 1,
+    "target": {}, "max_failure_rate": 0.05, "min_reports": 1, "soak_s": 0.0,
+    "device_timeout_s": 100.0, "max_error_rate_increase": null,
+    "max_p99_latency_ratio": null, "max_offload_rate_increase": null,
+    "max_agreement_drop": null, "min_health_samples": 100,
+    "waves": [{"fraction": 0.5}, {"fraction": 1.0}]}, "state": "halted", "wave": 0,
+    "wave_ends": [2, 4], "order": ["a", "d", "b", "c"],
+    "devices": {"a": {"wave": 0, "status": "installed", "assigned_at": 0, "reported_at": 1,
+    "assigns": 1, "rollback_assigns": 0}, "d": {"wave": 0, "status": "failed",
+    "assigned_at": 0, "reported_at": 2, "assigns": 1, "rollback_assigns": 0}},
+    "wave_started_at": 0, "reason": "failure rate 1/2 above 0.05", "health": {},
+    "waived_failures": -1, "health_waived": false, "ignored_reports": 0}"""
+)
+
+
+def test_a_snapshot_persisted_by_an_earlier_release_loads_and_goes_on() -> None:
+    r = Rollout.from_dict(_EARLIER_SNAPSHOT)
+    assert r.state is RolloutState.HALTED
+    assert r.devices["d"].status is DeviceStatus.FAILED
+    assert json.loads(json.dumps(r.to_dict())) == _EARLIER_SNAPSHOT
+    r.resume(3)
+    assert sorted(_assigned(r.tick(4))) == ["b", "c"]
+    _install_all(r, ["b", "c"], 5)
+    assert r.tick(6) == [Notify(RolloutState.COMPLETED, 1, "")]
+    r.check_invariants()
+
+
+def test_update_states_are_members_and_their_wire_values_mean_the_same() -> None:
+    by_member, by_value = Rollout(_spec()), Rollout(_spec())
+    wave0 = _assigned(by_member.start(_fleet(20), now=0))
+    assert _assigned(by_value.start(_fleet(20), now=0)) == wave0
+    events = [
+        (wave0[0], UpdateState.DOWNLOADING),
+        (wave0[0], UpdateState.INSTALLED),
+        (wave0[1], UpdateState.ROLLED_BACK),  # the device undid the update: a failure
+    ]
+    for i, (device, state) in enumerate(events):
+        assert by_member.report(device, state, 2, i) == by_value.report(device, state.value, 2, i)
+    assert by_member.to_dict() == by_value.to_dict()
+    assert by_member.devices[wave0[1]].status is DeviceStatus.FAILED
+    # a state this build does not know (a newer device) is no decision, and no crash
+    assert by_member.report(wave0[0], "warming-up", 2, 9) == []
+    # snapshots hold plain strings only: JSON as they are
+    assert json.loads(json.dumps(by_member.to_dict())) == by_member.to_dict()
+
+
 # ----------------------------------------------------- property: invariants
 
 _N = 12
@@ -418,7 +467,10 @@ _report = st.tuples(
     st.sampled_from([*_DEVICES, *range(24)]).flatmap(
         lambda d: st.integers(0, 40) if isinstance(d, int) else st.just(d)
     ),
-    st.sampled_from(["installed"] * 4 + ["failed", "rolled-back", "downloading"]),
+    st.sampled_from(
+        [UpdateState.INSTALLED] * 4
+        + [UpdateState.FAILED, UpdateState.ROLLED_BACK, UpdateState.DOWNLOADING, "installed"]
+    ),
     st.sampled_from([2, 2, 2, 2, 1, 7]),
 )
 _tick = st.tuples(st.just("tick"))

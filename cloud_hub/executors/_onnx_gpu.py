@@ -39,7 +39,16 @@ import numpy as np
 
 from .._errors import RepositoryError
 
-__all__ = ["FP16_TOLERANCE", "IoBoundRunner", "fp16_model", "providers_for"]
+__all__ = [
+    "FP16_TOLERANCE",
+    "IoBoundRunner",
+    "Provider",
+    "cuda_index",
+    "fp16_agrees",
+    "fp16_model",
+    "providers_for",
+    "trt_profile",
+]
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ used on its own. Importing this package imports FastAPI and uvicorn, which
 ``import cloud_hub`` alone does not.
 """
 
-from ._app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, create_app
+from ._app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, ServedHub, create_app
 from ._codec import (
     HEADER_LENGTH,
     InferRequest,
@@ -35,6 +35,7 @@ __all__ = [
     "HttpServer",
     "InferRequest",
     "RequestedOutput",
+    "ServedHub",
     "create_app",
     "decode_infer_request",
     "encode_infer_response",

@@ -73,6 +73,7 @@ from .._errors import (
     ExecutorError,
     HubError,
     InvalidRequestError,
+    OverloadedError,
     error_code,
 )
 from .._link import ModelInfo
@@ -98,6 +99,7 @@ from ._schemas import (
 
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_INFLIGHT_BYTES",
     "DEFAULT_MAX_JSON_BYTES",
     "SERVER_NAME",
     "ServedHub",
@@ -110,6 +112,8 @@ MiB = 1024 * 1024
 DEFAULT_MAX_BODY_BYTES = 64 * MiB
 # JSON tensors cost ~8-30x their text in Python objects: large tensors go binary.
 DEFAULT_MAX_JSON_BYTES = 16 * MiB
+# Request bodies held at once (read, decoded, waiting for the model); past it: 503.
+DEFAULT_MAX_INFLIGHT_BYTES = 256 * MiB
 SERVER_NAME = "tandem-hub"
 EXTENSIONS = ("binary_tensor_data",)
 _OFFLOAD_BYTES = 256 * 1024
@@ -176,17 +180,26 @@ def create_app(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_json_bytes: int = DEFAULT_MAX_JSON_BYTES,
+    max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
     dependencies: Sequence[Any] = (),
     api_keys: ApiKeyGuard | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``hub`` (which the caller starts and stops)."""
     if isinstance(hub, Hub):
         hub = ServedHub(hub.backend, hub.prometheus, hub.limits)
-    if max_body_bytes <= 0 or max_json_bytes <= 0:
-        raise ValueError("max_body_bytes and max_json_bytes must be positive")
+    if max_body_bytes <= 0 or max_json_bytes <= 0 or max_inflight_bytes < max_body_bytes:
+        raise ValueError(
+            "max_body_bytes and max_json_bytes must be positive, max_inflight_bytes at least "
+            "max_body_bytes"
+        )
     if api_keys is not None:
         dependencies = [api_key_auth(api_keys), *dependencies]
-    api = _InferenceApi(hub, max_body_bytes=max_body_bytes, max_json_bytes=max_json_bytes)
+    api = _InferenceApi(
+        hub,
+        max_body_bytes=max_body_bytes,
+        max_json_bytes=max_json_bytes,
+        max_inflight_bytes=max_inflight_bytes,
+    )
     app = FastAPI(
         title="Tandem hub: Open Inference Protocol v2",
         version=_server_version(),
@@ -289,12 +302,16 @@ def _versioned(api: _InferenceApi) -> _Handlers:
 class _InferenceApi:
     """The route handlers, over one served hub."""
 
-    def __init__(self, hub: ServedHub, *, max_body_bytes: int, max_json_bytes: int) -> None:
+    def __init__(
+        self, hub: ServedHub, *, max_body_bytes: int, max_json_bytes: int, max_inflight_bytes: int
+    ) -> None:
         self.backend = hub.backend
         self.prometheus = hub.metrics
         self.limits = hub.limits
         self.max_body_bytes = max_body_bytes
         self.max_json_bytes = max_json_bytes
+        self.budget = _ByteBudget(max_inflight_bytes)
+        self._big_decodes = asyncio.Semaphore(1)
 
     async def server_metadata(self) -> dict[str, Any]:
         return {"name": SERVER_NAME, "version": _server_version(), "extensions": list(EXTENSIONS)}
@@ -345,8 +362,12 @@ class _InferenceApi:
         inference_header_content_length: str | None,
     ) -> Response:
         received = time.monotonic()
+        held = 0
         try:
-            body = await _read_body(request, self.max_body_bytes)
+            declared = _declared_length(request, self.max_body_bytes)
+            held = self.budget.take(declared or 0)
+            body = await _read_body(request, self.max_body_bytes, declared)
+            held += self.budget.take(max(0, len(body) - held))
             encoding = request.headers.get("content-encoding", "identity").strip().lower()
             if encoding not in ("", "identity"):
                 raise _UnsupportedEncodingError(
@@ -356,9 +377,8 @@ class _InferenceApi:
                 inference_header_content_length, len(body), max_json_bytes=self.max_json_bytes
             )
             info = self.backend.describe(model_name, model_version)
-            decoded = await _maybe_offload(
-                len(body), decode_infer_request, body, header_length, limits=self.limits
-            )
+            decoded = await self._decode(body, header_length)
+            del body  # the tensors are decoded: the text can go
             _check_outputs(info, decoded)
             deadline = None if decoded.timeout_us is None else received + decoded.timeout_us / 1e6
             result = await _submit(
@@ -391,6 +411,15 @@ class _InferenceApi:
             media_type="application/octet-stream",
             headers={HEADER_LENGTH: str(json_length)},
         )
+
+    async def _decode(self, body: bytearray, header_length: int | None) -> Any:
+        """Decode; a big body in a worker thread, one big body at a time (memory stays bounded)."""
+        if len(body) <= _OFFLOAD_BYTES:
+            return decode_infer_request(body, header_length, limits=self.limits)
+        async with self._big_decodes:
+            return await run_in_threadpool(
+                decode_infer_request, body, header_length, limits=self.limits
+            )
 
     def metrics(self) -> Response:  # sync: FastAPI runs it in a worker thread
         return Response(
@@ -431,17 +460,53 @@ async def _submit(
 # -- helpers -------------------------------------------------------------------------------
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The body, refused (413) as soon as its declared or streamed length passes ``limit``."""
+def _declared_length(request: Request, limit: int) -> int | None:
+    """The body's Content-Length, refused (413) above ``limit``; None when not declared."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+    if declared is None or not declared.strip().isdigit():
+        return None
+    if int(declared) > limit:
         raise LimitExceededError(f"a body of {declared} bytes is above the limit of {limit}")
-    body = bytearray()
+    return int(declared)
+
+
+async def _read_body(request: Request, limit: int, declared: int | None) -> bytearray:
+    """The body, into one buffer (no copies), refused (413) once it passes ``limit``."""
+    body = bytearray(declared or 0)
+    filled = 0
     async for chunk in request.stream():
-        if len(body) + len(chunk) > limit:
+        end = filled + len(chunk)
+        if end > limit:
             raise LimitExceededError(f"the body is above the limit of {limit} bytes")
-        body += chunk
-    return bytes(body)
+        if end > len(body):  # longer than declared, or not declared: grow
+            body.extend(bytes(end - len(body)))
+        body[filled:end] = chunk
+        filled = end
+    del body[filled:]
+    return body
+
+
+class _ByteBudget:
+    """Bytes of request bodies held at once; ``take`` beyond the limit raises ``OverloadedError``.
+
+    Single-threaded (the event loop's): no lock.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, n: int) -> int:
+        if n and self.held + n > self.limit:
+            raise OverloadedError(
+                f"the hub holds {self.held} bytes of requests; {n} more would pass its budget "
+                f"of {self.limit}: try again shortly"
+            )
+        self.held += n
+        return n
+
+    def give(self, n: int) -> None:
+        self.held -= n
 
 
 async def _maybe_offload(size: int, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:

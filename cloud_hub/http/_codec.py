@@ -55,6 +55,7 @@ from shared import (
 )
 
 from .._errors import BadRequestError, InvalidRequestError
+from ._json_numbers import NumberSpan, loads, parse_request
 
 __all__ = [
     "HEADER_LENGTH",
@@ -119,12 +120,16 @@ def parse_header_length(value: str | None, body_length: int, *, max_json_bytes: 
     return length
 
 
-def decode_infer_request(body: bytes, header_length: int | None, *, limits: Limits) -> InferRequest:
+def decode_infer_request(
+    body: bytes | bytearray, header_length: int | None, *, limits: Limits
+) -> InferRequest:
     """Decode a request body (see the module docstring for every check made)."""
-    raw_json = body if header_length is None else body[:header_length]
-    binary = memoryview(body)[len(raw_json) :]
+    view = memoryview(body)
+    binary = view[len(body) if header_length is None else header_length :]
     try:
-        document = json.loads(raw_json)
+        # All JSON: big numeric arrays go straight to numpy. Binary tensors follow: the JSON
+        # part is small.
+        document = parse_request(body) if header_length is None else loads(view[:header_length])
     except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, absurd nesting
         raise BadRequestError(f"the request is not valid JSON: {e}") from None
     if not isinstance(document, dict):
@@ -284,6 +289,11 @@ def _tensor_header(raw: object, where: str, limits: Limits) -> tuple[str, str, t
 def _tensor_from_json(
     name: str, datatype: str, shape: tuple[int, ...], data: object, limits: Limits
 ) -> np.ndarray:
+    if isinstance(data, NumberSpan):  # numbers straight from the body's text, when exact
+        array = data.to_array(datatype, DATATYPES[datatype], shape)
+        if array is not None:
+            return array
+        data = data.slow()
     flat = _flatten(data, shape, name)
     count = math.prod(shape)
     if len(flat) != count:

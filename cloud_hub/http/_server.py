@@ -50,6 +50,7 @@ class HttpServer:
         port: int = 8000,
         graceful_timeout_s: float = 5.0,
         tls: TlsSettings | None = None,
+        reuse_port: bool = False,
     ) -> None:
         if tls is not None and tls.certfile is None:
             raise HubError("HTTPS needs the server's certificate and key (tls.certfile)")
@@ -58,10 +59,16 @@ class HttpServer:
         self.host = host
         self.port = port
         self.graceful_timeout_s = graceful_timeout_s
+        self.reuse_port = reuse_port  # several processes on one port; the kernel spreads them
         self._server: uvicorn.Server | None = None
         self._socket: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+
+    @property
+    def started(self) -> bool:
+        """Whether uvicorn accepts connections."""
+        return self._server is not None and self._server.started
 
     @property
     def url(self) -> str:
@@ -72,12 +79,47 @@ class HttpServer:
         """Bind, start serving, and wait until uvicorn accepts. Raises ``HubError`` if not."""
         if self._thread is not None:
             return self
+        self._prepare()
+        assert self._server is not None
+        self._thread = threading.Thread(target=self._run, name="hub-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                error = self._error
+                self.stop()
+                raise HubError(
+                    f"HTTP: the server on {self.url} did not start"
+                    + (f": {error}" if error is not None else f" within {timeout_s}s")
+                ) from error
+            time.sleep(0.01)
+        log.info("HTTP API (Open Inference Protocol v2) on %s", self.url)
+        return self
+
+    async def serve(self) -> None:
+        """Bind and serve in the running event loop until ``exit`` (a process's main loop)."""
+        self._prepare()
+        assert self._server is not None and self._socket is not None
+        log.info("HTTP API (Open Inference Protocol v2) on %s", self.url)
+        try:
+            await self._server.serve(sockets=[self._socket])
+        finally:
+            self._socket.close()
+
+    def exit(self) -> None:
+        """Make ``serve`` stop accepting, finish what is in flight, and return."""
+        if self._server is not None:
+            self._server.should_exit = True
+
+    def _prepare(self) -> None:
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
         # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say so,
         # and without it every response waits ~40 ms for the client's delayed ACK.
         sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self.reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((self.host, self.port))
         except OSError as e:
             sock.close()
@@ -101,20 +143,6 @@ class HttpServer:
             self._socket = None
             raise HubError(f"HTTP: cannot use the TLS files: {e}") from e
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._run, name="hub-http", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                error = self._error
-                self.stop()
-                raise HubError(
-                    f"HTTP: the server on {self.url} did not start"
-                    + (f": {error}" if error is not None else f" within {timeout_s}s")
-                ) from error
-            time.sleep(0.01)
-        log.info("HTTP API (Open Inference Protocol v2) on %s", self.url)
-        return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop accepting, finish what is in flight, close. Safe to call twice."""

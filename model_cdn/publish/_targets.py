@@ -12,9 +12,11 @@ the next number and as a delta's base) and takes the release in one call:
   version. Reads go through the same client (the latest manifest, the base
   blob for a delta), so its token must also allow reads when the CDN
   guards them.
-- ``LocalTarget(registry, store)``: the same release written where the
-  server would write it: blobs first, then the manifest, so a registered
-  manifest never names a missing blob.
+- ``LocalTarget(registry, store)``: the same release through the library
+  call the server's route makes (``model_cdn.add_version``: the signature
+  checked against ``trusted_keys`` when given, each blob against its digest,
+  blobs stored first, then the manifest registered, so a registered manifest
+  never names a missing blob).
 
 Both raise ``CdnError`` subclasses: ``VersionConflictError`` when the
 version is not above the latest, ``AdminApiError`` when the CDN refuses or
@@ -24,11 +26,11 @@ cannot be reached (its message is the server's).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared import BlobRef, ManifestError, digest
+from shared import BlobRef, ManifestError, PublicKey, digest
 
 from .._admin_client import AdminApiError, AdminClient
 from .._errors import BlobNotFoundError, ModelNotFoundError, PublishError, VersionConflictError
@@ -107,9 +109,12 @@ class LocalTarget(PublishTarget):
     """A registry and a blob store in this process (what ``tandem models publish`` uses
     without ``--cdn``)."""
 
-    def __init__(self, registry: Registry, store: BlobStore) -> None:
+    def __init__(
+        self, registry: Registry, store: BlobStore, *, trusted_keys: Sequence[PublicKey] = ()
+    ) -> None:
         self.registry = registry
         self.store = store
+        self.trusted_keys = tuple(trusted_keys)
 
     def latest(self, name: str) -> LatestVersion | None:
         try:
@@ -125,9 +130,16 @@ class LocalTarget(PublishTarget):
         return data
 
     def add(self, release: Release) -> Published:
-        for data in release.blobs.values():
-            self.store.put(data)
-        record = self.registry.add_version(release.signed)
+        from .._operations import add_version  # the one code path the admin API takes too
+
+        record = add_version(
+            self.registry,
+            self.store,
+            release.signed,
+            trusted_keys=self.trusted_keys or None,
+            blobs=release.blobs,
+            name=release.name,
+        )
         return Published(record.name, record.version, record.blob_digest, record.published_at)
 
 

@@ -14,11 +14,14 @@ owns the time-driven part; every change happens under one lock:
 - commands (``create``, ``pause``, ``resume``, ``abort``, ``rollback``) come
   from the admin API's threads and act at once.
 
-The machines' actions are carried out here: ``Assign`` signs an assignment
-(``rollback`` for the way back), stores it in the registry (devices poll it
-over HTTP) and publishes it retained (devices that are offline find it when
-they reconnect); ``Unassign`` (abort) re-assigns the previous version as a
-rollback, which a device still on it ignores.
+The machines' actions are carried out through the ``AssignmentPublisher``
+(the one way assignments leave the CDN): ``Assign`` signs an assignment with
+the publisher's key (``rollback`` for the way back), stores it in the
+registry (devices poll it over HTTP) and publishes it retained without
+waiting for the broker (offline devices find it when they reconnect; paho
+sends it again after a reconnect of the CDN's own link); ``Unassign``
+(abort) re-assigns the previous version as a rollback, which a device still
+on it ignores.
 
 Persistence: a rollout's snapshot (``Rollout.to_dict``) is written to the
 registry after every command and at most every ``flush_s`` after events;
@@ -27,7 +30,7 @@ rollout, re-publishes the assignments of devices that have not reported, and
 goes on where it was: time in the machine is wall-clock seconds, so device
 timeouts and soak times span the restart.
 
-Exceptions::
+Exceptions (defined in ``model_cdn._errors``, re-exported here)::
 
     model_cdn.CdnError
     ├── RolloutStateError      the rollout's state does not allow the command (409)
@@ -47,10 +50,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from shared import DeviceReport, SigningKey, UpdateStatus
+from shared import DeviceReport, UpdateState, UpdateStatus
 
-from .._assign import make_assignment
-from .._errors import CdnError, ModelNotFoundError, RolloutNotFoundError
+from .._errors import (
+    ModelNotFoundError,
+    RolloutConflictError,
+    RolloutNotFoundError,
+    RolloutRequestError,
+)
+from .._publisher import AssignmentPublisher
 from ..fleet._view import FleetView
 from ..registry import DeviceRecord, Registry, RolloutRecord
 from ._machine import Action, Assign, DeviceStatus, Notify, Rollout, RolloutState, Unassign
@@ -61,8 +69,6 @@ __all__ = ["RolloutConflictError", "RolloutController", "RolloutRequestError"]
 
 log = logging.getLogger("tandem.cdn.rollout")
 
-Publish = Callable[[str, dict[str, Any]], None]
-
 _ACTIVE = {
     RolloutState.PENDING,
     RolloutState.RUNNING,
@@ -70,7 +76,7 @@ _ACTIVE = {
     RolloutState.HALTED,
     RolloutState.ROLLING_BACK,
 }
-# what POST /v1/rollouts may set, besides model, version and previous_version
+# what a request to start a rollout may set, besides model, version and previous_version
 _SPEC_FIELDS = {
     "target",
     "waves",
@@ -84,14 +90,6 @@ _SPEC_FIELDS = {
     "max_agreement_drop",
     "min_health_samples",
 }
-
-
-class RolloutConflictError(CdnError):
-    """The model already has a rollout in progress."""
-
-
-class RolloutRequestError(CdnError, ValueError):
-    """The request cannot start a rollout (bad fields, waves, target)."""
 
 
 @dataclass
@@ -109,8 +107,7 @@ class RolloutController:
     def __init__(
         self,
         registry: Registry,
-        key: SigningKey,
-        publish: Publish,
+        publisher: AssignmentPublisher,
         *,
         clock: Callable[[], float] = time.time,
         tick_s: float = 0.5,
@@ -118,7 +115,9 @@ class RolloutController:
         health_max_age_s: float = 120.0,
         assignment_ttl_days: float = 30,
     ) -> None:
-        self.registry, self.key, self.publish = registry, key, publish
+        if publisher.key is None:
+            raise ValueError("the rollout controller signs assignments: give the publisher a key")
+        self.registry, self.publisher = registry, publisher
         self.clock, self.tick_s, self.flush_s = clock, tick_s, flush_s
         self.health_max_age_s = health_max_age_s
         self.assignment_ttl_days = assignment_ttl_days
@@ -306,7 +305,7 @@ class RolloutController:
         if isinstance(event, UpdateStatus):
             self.fleet.observe_status(event, now)
             for entry in self._active(event.model):
-                actions = entry.rollout.report(event.device, event.state.value, event.version, now)
+                actions = entry.rollout.report(event.device, event.state, event.version, now)
                 self._after_event(entry, actions)
             return
         record, _new = self.fleet.observe_report(event, now)
@@ -326,12 +325,12 @@ class RolloutController:
     ) -> list[Action]:
         """A device running the version it was sent to has installed it, report or not."""
         if status is DeviceStatus.ASSIGNED and version == r.spec.version:
-            return r.report(device, "installed", version, now)
+            return r.report(device, UpdateState.INSTALLED, version, now)
         if (
             status in (DeviceStatus.ROLLBACK_ASSIGNED, DeviceStatus.ROLLBACK_FAILED)
             and version == r.spec.previous_version
         ):
-            return r.report(device, "installed", version, now)
+            return r.report(device, UpdateState.INSTALLED, version, now)
         return []
 
     def _after_event(self, entry: _Entry, actions: list[Action]) -> None:
@@ -422,8 +421,7 @@ class RolloutController:
 
     def _assign(self, entry: _Entry, device: str, version: int, rollback: bool) -> None:
         model = entry.rollout.spec.model
-        doc = make_assignment(
-            self.key,
+        doc = self.publisher.sign(
             device=device,
             model=model,
             version=version,
@@ -431,8 +429,7 @@ class RolloutController:
             rollout=entry.id,
             ttl_days=self.assignment_ttl_days,
         )
-        self.registry.put_assignment(device, model, doc)
-        self.publish(device, doc)
+        self.publisher.deliver(self.registry, device, model, doc, wait=False)
 
     def _republish(self, entry: _Entry) -> None:
         model = entry.rollout.spec.model
@@ -441,7 +438,7 @@ class RolloutController:
             if d.status in waiting:
                 doc = self.registry.get_assignment(device, model)
                 if doc is not None:
-                    self.publish(device, doc)
+                    self.publisher.publish(device, doc, wait=False)
 
     def _spec_from(self, body: Mapping[str, Any]) -> RolloutSpec:
         if not isinstance(body, Mapping):

@@ -43,7 +43,11 @@ for other versions, duplicates, and reports older than the device's last one
 ``resume`` accepts the failures and health data seen so far: the failure gate
 trips again only on a new failure, the health gate only on new health data.
 
-Exceptions::
+Update reports come in as ``shared.UpdateState`` members and are compared
+as members; snapshots hold only this module's own ``StrEnum`` values (plain
+JSON strings), so a snapshot written by an older release loads unchanged.
+
+Exceptions (defined in ``model_cdn._errors``, re-exported here)::
 
     model_cdn.CdnError
     └── RolloutStateError   a command that the current state does not allow
@@ -57,7 +61,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .._errors import CdnError
+from shared import UpdateState
+
+from .._errors import RolloutStateError
 from ._spec import RolloutSpec, plan_waves
 
 __all__ = [
@@ -73,10 +79,6 @@ __all__ = [
 ]
 
 _FORMAT = 1
-
-
-class RolloutStateError(CdnError):
-    """The command is not allowed in the rollout's current state."""
 
 
 class RolloutState(enum.StrEnum):
@@ -154,6 +156,14 @@ class _Device:
     reported_at: float | None = None
     assigns: int = 0
     rollback_assigns: int = 0
+
+
+def _update_state(state: UpdateState | str) -> UpdateState | None:
+    """The member for ``state``; None for a value this build does not know (ignored)."""
+    try:
+        return UpdateState(state)
+    except ValueError:
+        return None
 
 
 def _order_key(spec: RolloutSpec, device: str) -> str:
@@ -249,25 +259,30 @@ class Rollout:
             return self._assign([device], now)
         return []
 
-    def report(self, device: str, state: str, version: int, now: float) -> list[Action]:
-        """A device's update status (``installed``, ``failed``, ``rolled-back``; others ignored)."""
+    def report(
+        self, device: str, state: UpdateState | str, version: int, now: float
+    ) -> list[Action]:
+        """A device's update status (``installed``, ``failed``, ``rolled-back``; others ignored).
+
+        ``state`` is a ``shared.UpdateState`` (its wire value is accepted too).
+        """
         d = self.devices.get(device)
         if d is None or (d.reported_at is not None and now < d.reported_at):
             self.ignored_reports += 1
             return []
-        state = str(state)
+        update = _update_state(state)
         if self.state in (RolloutState.ROLLING_BACK, RolloutState.ROLLED_BACK):
-            return self._rollback_report(device, d, state, version, now)
+            return self._rollback_report(device, d, update, version, now)
         if self.state is RolloutState.PENDING or version != self.spec.version:
             self.ignored_reports += 1
             return []
         if d.status is DeviceStatus.QUEUED:
             self.ignored_reports += 1
             return []
-        if state == "installed":
+        if update is UpdateState.INSTALLED:
             new = DeviceStatus.INSTALLED
-        elif state in ("failed", "rolled-back"):  # rolled-back: the device undid the update itself
-            new = DeviceStatus.FAILED
+        elif update in (UpdateState.FAILED, UpdateState.ROLLED_BACK):
+            new = DeviceStatus.FAILED  # rolled-back: the device undid the update itself
         else:
             return []  # progress (downloading, verifying): no decision
         d.status, d.reported_at = new, now
@@ -406,17 +421,18 @@ class Rollout:
         return []
 
     def _rollback_report(
-        self, device: str, d: _Device, state: str, version: int, now: float
+        self, device: str, d: _Device, state: UpdateState | None, version: int, now: float
     ) -> list[Action]:
         if d.status not in (DeviceStatus.ROLLBACK_ASSIGNED, DeviceStatus.ROLLBACK_FAILED):
             self.ignored_reports += 1
             return []
-        back = (state == "installed" and version == self.spec.previous_version) or (
-            state == "rolled-back" and version in (self.spec.version, self.spec.previous_version)
+        back = (state is UpdateState.INSTALLED and version == self.spec.previous_version) or (
+            state is UpdateState.ROLLED_BACK
+            and version in (self.spec.version, self.spec.previous_version)
         )
         if back:
             d.status = DeviceStatus.ROLLED_BACK
-        elif state == "failed" and version == self.spec.previous_version:
+        elif state is UpdateState.FAILED and version == self.spec.previous_version:
             d.status = DeviceStatus.ROLLBACK_FAILED
         else:
             self.ignored_reports += 1

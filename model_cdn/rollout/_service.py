@@ -1,4 +1,11 @@
-"""The rollout service of ``tandem cdn serve``: one fleet link feeding one controller."""
+"""The rollout service of ``tandem cdn serve``: one fleet link feeding one controller.
+
+The link is the CDN's one MQTT connection: it hears the fleet's reports and
+carries every assignment out, through ``publisher`` (an
+``AssignmentPublisher`` with the assigning key), which the controller and
+the admin API's assignment PUT share (``create_app`` takes it from
+``controller.publisher``).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,8 @@ from typing import Any
 
 from shared import MqttSettings, SigningKey, Topics
 
-from ..fleet import FleetLink
+from .._publisher import AssignmentPublisher
+from ..fleet import FleetEvent, FleetLink
 from ..registry import Registry
 from ._controller import RolloutController
 
@@ -24,11 +32,12 @@ class FleetService:
         topics: Topics,
         **controller_options: Any,
     ) -> None:
-        self.controller = RolloutController(registry, key, self._publish, **controller_options)
-        self.link = FleetLink(settings, topics, self.controller.submit)
+        self.link = FleetLink(settings, topics, self._on_event)
+        self.publisher = AssignmentPublisher(self.link, key=key)
+        self.controller = RolloutController(registry, self.publisher, **controller_options)
 
-    def _publish(self, device: str, document: dict[str, Any]) -> None:
-        self.link.publish_retained(device, document)
+    def _on_event(self, event: FleetEvent) -> None:
+        self.controller.submit(event)
 
     def start(self) -> FleetService:
         self.link.start()

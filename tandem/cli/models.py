@@ -49,7 +49,7 @@ from ._models_view import (
 if TYPE_CHECKING:
     from model_cdn import AdminClient, Registry
     from model_cdn.publish import PublishTarget
-    from shared import MqttSettings, Topics
+    from shared import MqttSettings, SigningKey, Topics
 
 __all__ = ["models_app"]
 
@@ -208,7 +208,7 @@ def models_assign(
         if client is not None:
             _assign_through(command, client, model, version, docs)
         else:
-            _assign_here(registry, settings, topics, model, version, docs)
+            _assign_here(registry, settings, topics, key, model, docs)
 
 
 def _assign_through(
@@ -229,26 +229,33 @@ def _assign_here(
     registry: str,
     settings: MqttSettings | None,
     topics: Topics,
+    key: SigningKey,
     model: str,
-    version: int,
     docs: dict[str, Any],
 ) -> None:
-    from model_cdn import CdnError, publish_assignment
+    """Through the library call the admin API makes (``model_cdn.assign_version``): checked,
+    stored, and published on ``settings``' broker by the one ``AssignmentPublisher``."""
+    from model_cdn import AssignmentNotPublishedError, AssignmentPublisher, assign_version
 
     reg = open_registry_for(registry, create=False)
+    publisher = None
     try:
-        reg.get_version(model, version)
+        if settings is not None:
+            publisher = AssignmentPublisher.connect(settings, topics, lazy=True)
         for d, doc in docs.items():
-            reg.put_assignment(d, model, doc)
-            if settings is None:
-                typer.echo(f"{d}: {model}@{version} stored (no --broker: devices poll the CDN)")
-                continue
             try:
-                publish_assignment(settings, topics, d, doc)
-            except CdnError as e:
-                raise CdnError(f"{d}: assignment stored, but not published: {e}") from e
-            typer.echo(f"{d}: {model}@{version} stored and published to {settings.url}")
+                done = assign_version(reg, publisher, d, model, doc, trusted_keys=[key.public_key])
+            except AssignmentNotPublishedError as e:
+                raise AssignmentNotPublishedError(f"{d}: {e}") from e
+            if settings is None:
+                typer.echo(
+                    f"{d}: {model}@{done.version} stored (no --broker: devices poll the CDN)"
+                )
+            else:
+                typer.echo(f"{d}: {model}@{done.version} stored and published to {settings.url}")
     finally:
+        if publisher is not None:
+            publisher.close()
         reg.close()
 
 
@@ -351,7 +358,7 @@ def models_publish(
         }
         reg = None if client is not None else open_registry_for(registry, create=True)
         try:
-            target = _publish_target(client, reg, store)
+            target = _publish_target(client, reg, store, key)
             result = with_progress(
                 lambda progress: publish_model(source, target=target, progress=progress, **options)
             )
@@ -362,7 +369,7 @@ def models_publish(
 
 
 def _publish_target(
-    client: AdminClient | None, registry: Registry | None, store: str
+    client: AdminClient | None, registry: Registry | None, store: str, key: SigningKey
 ) -> PublishTarget:
     """The CDN's admin API, or the registry and store here."""
     from model_cdn import open_store
@@ -371,4 +378,4 @@ def _publish_target(
     if client is not None:
         return AdminApiTarget(client)
     assert registry is not None
-    return LocalTarget(registry, open_store(store))
+    return LocalTarget(registry, open_store(store), trusted_keys=[key.public_key])

@@ -17,12 +17,17 @@ Blobs never change, so the rules are short:
 These match Starlette's ``FileResponse`` with ``max_ranges = 1`` for every
 request they honour, so the server can let ``FileResponse`` send local files
 and hand it no ``Range`` header when the plan is "whole blob".
+
+``RangeNotSatisfiableError`` (a ``model_cdn.HttpError``) carries the 416 and
+its ``Content-Range: bytes */size`` header, so the blob route lets it through.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from .._errors import RangeNotSatisfiableError
 
 __all__ = ["ByteRange", "RangeNotSatisfiableError", "etag_matches", "plan_range"]
 
@@ -41,14 +46,6 @@ class ByteRange:
 
     def content_range(self, size: int) -> str:
         return f"bytes {self.start}-{self.end - 1}/{size}"
-
-
-class RangeNotSatisfiableError(Exception):
-    """The range starts at or past the end of the blob (HTTP 416)."""
-
-    def __init__(self, size: int) -> None:
-        super().__init__(f"range not satisfiable: the blob has {size} bytes")
-        self.size = size
 
 
 def etag_matches(if_none_match: str | None, etag: str) -> bool:

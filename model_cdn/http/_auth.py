@@ -6,21 +6,27 @@ Routes and what they accept (``Authorization: Bearer <token or key>``)::
     reads (models, manifests, blobs, assignments) open, unless a read token or API keys are
                                                   set: then the read token, the admin token,
                                                   or a key with models:read
-    PUT /v1/blobs/…, POST and DELETE versions     the admin token, or a key with models:publish
-    PUT /v1/devices/…/assignments/…               the admin token, or a key with rollout:admin
+    PUT blobs, POST and DELETE versions           the admin token, or a key with models:publish
+    PUT assignments, rollouts, devices            the admin token, or a key with rollout:admin
 
 Text starting ``tdm_`` is judged as an API key; anything else as a token,
 compared in constant time. Answers: 401 with ``WWW-Authenticate: Bearer``
 for no or malformed credentials and for an unknown or revoked key; 403 for
 a wrong token, for a key without the scope, and when the admin API is off
 (no admin token and no keys); 429 with ``Retry-After`` when a key's rate is
-spent. The key decision is ``shared.ApiKeyGuard``; this module is the
-mapping, pure but for reading the request's header.
+spent. The key decision is ``shared.ApiKeyGuard``; ``CdnAuth`` is the
+mapping, pure; ``Guards`` turns it into the FastAPI dependencies the routes
+declare (reading the request's ``Authorization`` header is all they do).
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Depends, Request
 
 from shared import (
     ApiKeyGuard,
@@ -30,19 +36,12 @@ from shared import (
     looks_like_api_key,
 )
 
-__all__ = ["ADMIN_SCOPES", "AuthDenied", "CdnAuth"]
+from .._errors import AuthDenied
+
+__all__ = ["ADMIN_SCOPES", "AuthDenied", "CdnAuth", "Guards"]
 
 ADMIN_SCOPES = frozenset({"models:publish", "rollout:admin"})
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
-
-
-class AuthDenied(Exception):
-    """A refusal: its HTTP status, message and headers (the server answers it as JSON)."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.headers = headers or {}
 
 
 def _same(given: str, expected: str | None) -> bool:
@@ -113,3 +112,27 @@ def _bearer(header: str | None) -> str:
     if scheme.lower() != "bearer" or not token or " " in token:
         raise AuthDenied(401, "malformed Authorization header: use 'Bearer <token>'", _CHALLENGE)
     return token
+
+
+@dataclass(frozen=True)
+class Guards:
+    """The dependencies of each kind of route: ``dependencies=guards.read`` and so on."""
+
+    read: list[Any]
+    publish: list[Any]  # models:publish
+    rollout: list[Any]  # rollout:admin
+
+    @classmethod
+    def of(cls, auth: CdnAuth) -> Guards:
+        return cls(
+            read=_guard(auth.require_read),
+            publish=_guard(lambda header: auth.require_admin(header, "models:publish")),
+            rollout=_guard(lambda header: auth.require_admin(header, "rollout:admin")),
+        )
+
+
+def _guard(check: Callable[[str | None], None]) -> list[Any]:
+    def dependency(request: Request) -> None:
+        check(request.headers.get("authorization"))  # AuthDenied: answered by its status
+
+    return [Depends(dependency)]

@@ -1,0 +1,231 @@
+"""What each child process of a multi-process hub runs: an executor, or an ingress.
+
+``run_executor``: loads one model instance on its device, serves it to every
+ingress (``ExecutorLoop``) until SIGTERM, then answers what it still queues
+("overloaded") and exits.
+
+``run_mqtt_ingress``: one MQTT session in the hub's share group
+(``MqttFront``) over the executor pool (``PoolBackend``); the main thread reads
+the executors' replies (``ExecutorPool.poll``) while the MQTT client's thread
+decodes and submits. On SIGTERM it drains: unsubscribes, waits (up to
+``DRAIN_S``) until every request in flight is answered, then disconnects.
+
+``run_http_ingress``: the Open Inference Protocol over the same pool, on an
+asyncio loop that also reads the executors' replies (no thread hand-off per
+request); several HTTP ingress processes share the port (``SO_REUSEPORT``).
+On SIGTERM uvicorn stops accepting and finishes what is in flight.
+
+Every role dumps its ``MetricsBook`` into the hub's metrics directory about
+once a second and when it ends; each calls ``ready()`` once it serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from shared import ApiKeyGuard, Limits, MqttSettings, TlsSettings, Topics
+
+from ._backend import PoolBackend
+from ._crt_session import open_session
+from ._errors import HubError
+from ._executor_loop import ExecutorLoop
+from ._executor_pool import ExecutorPool
+from ._link import ExecutorLink
+from ._metrics_book import BookDumper, MetricsBook
+from ._mqtt_front import MqttFront
+from ._plane_metrics import BookRecorder, PlaneMetrics
+from ._plane_spec import PlaneSpec
+from ._repository import ModelRepository
+
+__all__ = ["DRAIN_S", "run_executor", "run_http_ingress", "run_mqtt_ingress"]
+
+log = logging.getLogger(__name__)
+
+DRAIN_S = 10.0  # an ingress waits this long for its requests in flight when told to stop
+_CONNECT_S = 120.0  # how long an ingress waits for the executors before serving anyway
+
+
+def run_executor(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> None:
+    target = spec.executors[index]
+    repository = ModelRepository()
+    served = repository.load_model(spec.repo, target.model, device=target.device)
+    book = MetricsBook(f"executor-{target.model}-{target.instance}")
+    dumper = BookDumper(book, Path(spec.metrics_dir))
+    loop = ExecutorLoop(
+        served,
+        address=target.address,
+        instance=target.instance,
+        book=book,
+        on_tick=dumper.tick,
+    )
+    _on_stop_signals(loop.stop)
+    ready()
+    try:
+        loop.run()
+    finally:
+        dumper.close()
+        repository.close()
+
+
+def _on_stop_signals(stop: Callable[[], None]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop())
+
+
+def _wait_for_executors(pool: ExecutorPool, expected: int) -> None:
+    deadline = time.monotonic() + _CONNECT_S
+    while pool.connect_missing() < expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _recorder(book: MetricsBook, pool: ExecutorPool) -> BookRecorder:
+    def served() -> dict[str, str]:
+        out = {}
+        for link in pool.links():
+            if link.info is not None:
+                out[link.info.model] = link.info.version
+        return out
+
+    return BookRecorder(book, served)
+
+
+def _mqtt_settings(spec: PlaneSpec) -> MqttSettings:
+    assert spec.broker is not None
+    return MqttSettings.from_url(spec.broker).with_tls(
+        ca_certs=spec.mqtt_ca, certfile=spec.mqtt_cert, keyfile=spec.mqtt_key
+    )
+
+
+def run_mqtt_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> None:
+    ingress_id = f"mqtt-{index}-{os.getpid()}"
+    pool = ExecutorPool(spec.addresses(), ingress_id=ingress_id, ring_bytes=spec.ring_bytes)
+    book = MetricsBook(f"ingress-mqtt-{index}")
+    dumper = BookDumper(book, Path(spec.metrics_dir))
+    recorder = _recorder(book, pool)
+    session = open_session(
+        _mqtt_settings(spec),
+        f"tandem-hub-{spec.hub_id}-{index}-{os.getpid()}",
+        client=spec.mqtt_client,  # type: ignore[arg-type]  # checked by the CLI
+    )
+    front = MqttFront(
+        PoolBackend(pool),
+        session,
+        topics=Topics(spec.prefix),
+        share_group=spec.share_group,
+        limits=Limits(),
+        on_reply=functools.partial(recorder.record, "mqtt"),
+    )
+    stopping = threading.Event()
+    _on_stop_signals(stopping.set)
+    _wait_for_executors(pool, len(spec.executors))
+    front.start(wait_s=None)  # a broker that is down is waited for in the background
+    ready()
+    try:
+        while not stopping.is_set():
+            pool.poll(0.25)
+            dumper.tick()
+        front.pause()  # no new requests; the ones in flight still get their replies
+        deadline = time.monotonic() + DRAIN_S
+        while pool.inflight and time.monotonic() < deadline:
+            pool.poll(0.05)
+        front.stop(timeout_s=2.0)
+    finally:
+        pool.close()
+        dumper.close()
+
+
+def run_http_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> None:
+    from .http import HttpServer, ServedHub, create_app
+
+    pool = ExecutorPool(
+        spec.addresses(),
+        ingress_id=f"http-{index}-{os.getpid()}",
+        ring_bytes=spec.ring_bytes,
+        copy_replies=True,  # the response is encoded later, by the request's own task
+    )
+    book = MetricsBook(f"ingress-http-{index}")
+    dumper = BookDumper(book, Path(spec.metrics_dir))
+    recorder = _recorder(book, pool)
+    metrics = PlaneMetrics(Path(spec.metrics_dir), local=lambda: [book])
+    sink = _Sink(recorder, metrics)
+    guard = None if spec.api_keys is None else ApiKeyGuard.from_file(spec.api_keys)
+    app = create_app(
+        ServedHub(PoolBackend(pool), sink, Limits()),
+        api_keys=guard,
+        max_json_bytes=spec.max_json_bytes,
+    )
+    tls = TlsSettings.from_files(
+        ca_certs=spec.tls_client_ca, certfile=spec.tls_cert, keyfile=spec.tls_key
+    )
+    server = HttpServer(app, host=spec.http_host, port=spec.http_port, tls=tls, reuse_port=True)
+    _wait_for_executors(pool, len(spec.executors))
+    try:
+        asyncio.run(_serve_http(server, pool, dumper, ready))
+    finally:
+        pool.close()
+        dumper.close()
+
+
+class _Sink:
+    """``record`` into this process's book, ``render`` the whole hub's metrics."""
+
+    def __init__(self, recorder: BookRecorder, metrics: PlaneMetrics) -> None:
+        self.record = recorder.record
+        self.render = metrics.render
+        self.content_type = metrics.content_type
+
+
+async def _serve_http(
+    server: object, pool: ExecutorPool, dumper: BookDumper, ready: Callable[[], None]
+) -> None:
+    from .http import HttpServer
+
+    assert isinstance(server, HttpServer)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.exit)
+    readers: dict[ExecutorLink, int] = {}
+
+    def read(link: ExecutorLink) -> None:
+        pool.on_readable(link)
+        if not link.connected:  # closed: its descriptor number may be reused at once
+            loop.remove_reader(readers.pop(link))
+
+    async def keep_links() -> None:
+        while True:
+            await loop.run_in_executor(None, pool.connect_missing)
+            current = set(pool.links())
+            for link in list(readers):
+                if link not in current:
+                    loop.remove_reader(readers.pop(link))
+            for link in current - set(readers):
+                readers[link] = link.fileno()
+                loop.add_reader(readers[link], read, link)
+            for link in current:
+                if link.wants_write:
+                    link.flush()
+            dumper.tick()
+            await asyncio.sleep(0.25)
+
+    keeper = asyncio.create_task(keep_links())
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not serving.done() and not server.started:
+            await asyncio.sleep(0.01)
+        ready()
+        await serving
+    except HubError:
+        log.exception("the HTTP ingress could not serve")
+        raise
+    finally:
+        keeper.cancel()
+        for fd in readers.values():
+            loop.remove_reader(fd)

@@ -1,0 +1,128 @@
+"""What every process of a multi-process hub must know, decided once by the supervisor.
+
+``PlaneSpec`` is plain data (JSON): the repository, which executor serves
+which model instance on which device and where it listens, the ingress
+settings (broker, topics, HTTP), the metrics directory, and the supervisor's
+PID. The supervisor plans it (``plan_executors`` reads each model's
+``config.json`` and expands its ``instance_group``) and hands it to each child
+in an environment variable, so broker credentials never appear in ``ps``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._config import InstanceGroup
+from ._link import DEFAULT_RING_BYTES, executor_address
+from ._repository import model_configs
+
+__all__ = ["ENV", "ExecutorSpec", "PlaneSpec", "gpu_count", "plan_executors"]
+
+ENV = "TANDEM_HUB_PLANE"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutorSpec:
+    """One executor process: a model instance on a device, listening at ``address``."""
+
+    model: str
+    instance: int
+    device: str | None  # cpu, cuda:N, or None (a GPU when there is one)
+    address: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlaneSpec:
+    hub_id: str
+    repo: str
+    metrics_dir: str
+    executors: tuple[ExecutorSpec, ...]
+    broker: str | None = None  # the URL as given, credentials included
+    share_group: str | None = "hubs"
+    prefix: str = "tandem/v1"
+    mqtt_ca: str | None = None
+    mqtt_cert: str | None = None
+    mqtt_key: str | None = None
+    mqtt_client: str = "auto"  # auto | crt | paho
+    http_host: str = "127.0.0.1"
+    http_port: int = 0  # 0: no HTTP ingress
+    api_keys: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    ring_bytes: int = DEFAULT_RING_BYTES
+    max_json_bytes: int = 8 * 1024 * 1024
+    log_level: str = "info"
+    log_format: str = "text"
+    parent_pid: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def addresses(self) -> dict[str, list[str]]:
+        """Model name -> the addresses of its instances (what an ingress connects to)."""
+        out: dict[str, list[str]] = {}
+        for spec in self.executors:
+            out.setdefault(spec.model, []).append(spec.address)
+        return out
+
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        for spec in data["executors"]:
+            spec["address"] = spec["address"].encode("unicode_escape").decode()
+        return json.dumps(data)
+
+    @classmethod
+    def from_json(cls, raw: str) -> PlaneSpec:
+        data = json.loads(raw)
+        executors = []
+        for spec in data.pop("executors"):
+            spec["address"] = spec["address"].encode().decode("unicode_escape")
+            executors.append(ExecutorSpec(**spec))
+        return cls(executors=tuple(executors), **data)
+
+
+def gpu_count() -> int:
+    """GPUs this machine shows (``nvidia-smi -L``), without importing a GPU library."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0
+    try:
+        listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in listing.stdout.splitlines() if line.startswith("GPU "))
+
+
+def plan_executors(
+    repo: str | Path, hub_id: str, *, device: str | None = None, gpus: int | None = None
+) -> tuple[ExecutorSpec, ...]:
+    """One ``ExecutorSpec`` per model instance: ``instance_group`` expanded on this machine.
+
+    ``device`` (``cpu``, ``cuda:N``) overrides every model's groups with one
+    instance there, as ``tandem hub --device`` does.
+    """
+    count = gpu_count() if gpus is None else gpus
+    specs: list[ExecutorSpec] = []
+    for name, config in model_configs(repo).items():
+        if device is not None:
+            devices: list[str | None] = [device]
+        else:
+            groups = config.instance_group or (InstanceGroup(),)
+            devices = [d for g in groups for d in g.devices(count)]
+            if not config.instance_group and count == 0:
+                devices = [None]  # nothing configured: let the executor pick
+        for instance, where in enumerate(devices):
+            specs.append(
+                ExecutorSpec(
+                    model=name,
+                    instance=instance,
+                    device=where,
+                    address=executor_address(hub_id, name, instance),
+                )
+            )
+    return tuple(specs)

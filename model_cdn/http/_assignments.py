@@ -1,0 +1,85 @@
+"""Device assignments: which version a device should run, signed.
+
+::
+
+    GET  assignment   the signed assignment (devices poll it)        Cache-Control: no-cache
+    PUT  assignment   [rollout:admin] body = signed assignment -> {device, model, version,
+                      published}
+
+A PUT goes through ``model_cdn.assign_version`` and the app's one
+``AssignmentPublisher`` (the rollout controller's when there is one): stored,
+then published retained over MQTT, waiting for the broker's PUBACK (502 and
+"assignment stored, but not published" when it does not come). Without a
+broker it is stored only (``published: false``); devices poll.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from shared import CdnPaths, PublicKey
+
+from .._operations import assign_version
+from .._publisher import AssignmentPublisher
+from ..registry import Registry
+from ..registry._rows import check_name
+from ._auth import Guards
+from ._bodies import read_json
+from ._errors import HttpError
+from ._models import document_response
+
+__all__ = ["add_assignment_routes"]
+
+
+class _AssignmentRoutes:
+    def __init__(
+        self,
+        registry: Registry,
+        publisher: AssignmentPublisher | None,
+        trusted_keys: Sequence[PublicKey] | None,
+    ) -> None:
+        self.registry, self.publisher, self.trusted_keys = registry, publisher, trusted_keys
+
+    def get_assignment(self, device: str, model: str) -> Response:
+        doc = self.registry.get_assignment(
+            check_name(device, "device id"), check_name(model, "model name")
+        )
+        if doc is None:
+            raise HttpError(404, f"no assignment of model {model} to device {device}")
+        return document_response(doc, "no-cache")
+
+    async def put_assignment(self, device: str, model: str, request: Request) -> Response:
+        doc = await read_json(request)
+
+        def assign() -> dict[str, Any]:
+            result = assign_version(
+                self.registry,
+                self.publisher,
+                device,
+                model,
+                doc,
+                trusted_keys=self.trusted_keys,
+                wait=True,
+            )
+            return result.to_dict()
+
+        return JSONResponse(await run_in_threadpool(assign))
+
+
+def add_assignment_routes(
+    app: FastAPI,
+    registry: Registry,
+    publisher: AssignmentPublisher | None,
+    trusted_keys: Sequence[PublicKey] | None,
+    guards: Guards,
+) -> None:
+    routes = _AssignmentRoutes(registry, publisher, trusted_keys)
+    router = app.router
+    path = CdnPaths.ROUTES["assignment"]
+    router.add_api_route(path, routes.get_assignment, methods=["GET"], dependencies=guards.read)
+    router.add_api_route(path, routes.put_assignment, methods=["PUT"], dependencies=guards.rollout)
