@@ -20,8 +20,8 @@ from cloud_hub import (
     ModelConfig,
     ModelNotFoundError,
 )
-from cloud_hub._cli import hub as hub_command
 from shared import ErrorCode, MqttSettings
+from tandem.cli.hub import hub as hub_command
 
 from ._brokers import free_port
 from ._models import linear_classifier_weights, write_linear_classifier
