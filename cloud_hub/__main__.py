@@ -15,7 +15,16 @@ from typing import NoReturn
 
 from shared import ApiKeyGuard, TandemError, TlsSettings
 
-from ._serve import LOG_FORMATS, LOG_LEVELS, HubServeSettings, check_options, https_settings, serve
+from ._serve import (
+    LOG_FORMATS,
+    LOG_LEVELS,
+    MQTT_CLIENTS,
+    HubServeSettings,
+    check_options,
+    default_workers,
+    https_settings,
+    serve,
+)
 
 PROG = "python -m cloud_hub"
 
@@ -54,7 +63,12 @@ def _parser() -> argparse.ArgumentParser:
         add(name, type=Path, help=what)
     add("--log-level", default="info", help=", ".join(LOG_LEVELS))
     add("--log-format", default="text", help=" or ".join(LOG_FORMATS))
-    add("--workers", type=int, default=1, help="hub processes, all in the share group")
+    add("--workers", type=int, default=default_workers(), help="MQTT ingress processes")
+    add("--http-workers", type=int, default=1, help="HTTP ingress processes")
+    add("--device", help="cpu, cuda or cuda:N for every model (default: each config's)")
+    add("--mqtt-client", default="auto", help=", ".join(MQTT_CLIENTS))
+    add("--no-legacy-topics", action="store_true", help="only <prefix>/dev/<device>/infer/...")
+    add("--max-inflight-mib", type=int, default=256, help="HTTP request bytes held at once")
     return parser
 
 
@@ -67,15 +81,20 @@ def main(argv: list[str] | None = None) -> None:
         log_format=a.log_format,
         workers=a.workers,
         no_share=a.no_share,
+        http_workers=a.http_workers,
+        mqtt_client=a.mqtt_client,
+        device=a.device,
+        max_inflight_mib=a.max_inflight_mib,
     )
     if problem is not None:
         parser.error(f"argument {problem[0]}: {problem[1]}")
     if not a.repo.is_dir():
         parser.error(f"argument --repo: {a.repo} is not a directory")
     try:
-        http_tls = https_settings(a.tls_cert, a.tls_key, a.tls_client_ca)
+        https_settings(a.tls_cert, a.tls_key, a.tls_client_ca)
         TlsSettings.from_files(ca_certs=a.mqtt_ca, certfile=a.mqtt_cert, keyfile=a.mqtt_key)
-        guard = ApiKeyGuard.from_file(a.api_keys) if a.api_keys and a.http_port else None
+        if a.api_keys and a.http_port:
+            ApiKeyGuard.from_file(a.api_keys)  # a bad file is a command-line mistake
         settings = HubServeSettings(
             repo=a.repo.resolve(),
             broker=a.broker,
@@ -84,14 +103,21 @@ def main(argv: list[str] | None = None) -> None:
             prefix=a.prefix,
             http_port=a.http_port,
             http_host=a.http_host,
-            api_keys=guard,
-            http_tls=http_tls,
+            api_keys=a.api_keys.resolve() if a.api_keys and a.http_port else None,
+            tls_cert=a.tls_cert,
+            tls_key=a.tls_key,
+            tls_client_ca=a.tls_client_ca,
             mqtt_ca=a.mqtt_ca,
             mqtt_cert=a.mqtt_cert,
             mqtt_key=a.mqtt_key,
             log_level=a.log_level,
             log_format=a.log_format,
             workers=a.workers,
+            http_workers=a.http_workers,
+            device=a.device,
+            mqtt_client=a.mqtt_client,
+            legacy_topics=not a.no_legacy_topics,
+            max_inflight_mib=a.max_inflight_mib,
         )
     except (ValueError, TandemError) as e:  # ConfigError is a ValueError
         parser.error(str(e))

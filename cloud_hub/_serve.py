@@ -1,48 +1,52 @@
-"""Running a hub as a command does: ``tandem hub`` and ``python -m cloud_hub`` both call ``serve``.
+"""What running a hub as a command does: ``tandem hub`` and ``python -m cloud_hub`` call ``serve``.
 
-``check_options`` is the pure check both command lines make first (it
-names the option at fault); ``serve`` configures logging, loads the
-repository, connects to the broker, starts the HTTP API (FastAPI and
-uvicorn load only when it is on) and the extra worker processes, and runs
-until SIGINT or SIGTERM. SIGINT and SIGTERM while it starts (loading
-models, importing the HTTP stack) are a clean stop too. The hub stops
-first, so late HTTP requests get 503; then HTTP, then the workers.
+``check_options`` is the pure check both command lines make first (it names
+the option at fault); ``serve`` configures logging, plans the hub's processes
+(``PlaneSpec``: one executor per model instance, from each model's
+``instance_group``) and runs them under a ``HubSupervisor`` until SIGINT or
+SIGTERM, which drain it: the ingress processes stop taking requests and
+answer those in flight, then the executors answer what they still queue.
 
 ``https_settings`` turns the ``--tls-*`` files into the HTTP API's TLS
 settings, or raises ``shared.ConfigError`` (a ``ValueError``) when they
 cannot work. ``serve`` raises ``shared.TandemError`` (a bad broker URL or
-repository, a broker that refuses).
+repository, a process that cannot start).
 """
 
 from __future__ import annotations
 
-import contextlib
-import signal
+import os
 import sys
-import threading
-from collections.abc import Iterator
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shared import ApiKeyGuard, TlsSettings
+from shared import TlsSettings
 
 if TYPE_CHECKING:
-    from ._server import Hub
-    from ._workers import HubWorkers
-    from .http import HttpServer
+    from ._plane_spec import PlaneSpec
 
 __all__ = [
     "LOG_FORMATS",
     "LOG_LEVELS",
+    "MQTT_CLIENTS",
     "HubServeSettings",
     "check_options",
+    "default_workers",
     "https_settings",
     "serve",
 ]
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
+MQTT_CLIENTS = ("auto", "crt", "paho")
+MiB = 1024 * 1024
+
+
+def default_workers() -> int:
+    """MQTT ingress processes by default: one per core this process may run on."""
+    return max(1, len(os.sched_getaffinity(0)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,20 +58,36 @@ class HubServeSettings:
     share_group: str = "hubs"
     no_share: bool = False  # subscribe plainly (one hub, or brokers without $share)
     prefix: str = "tandem/v1"
+    legacy_topics: bool = True  # also take requests on <prefix>/infer/<model>
     http_port: int = 8000  # 0: no HTTP API
     http_host: str = "127.0.0.1"
-    api_keys: ApiKeyGuard | None = None
-    http_tls: TlsSettings | None = None
+    api_keys: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
     mqtt_ca: Path | None = None
     mqtt_cert: Path | None = None
     mqtt_key: Path | None = None
+    mqtt_client: str = "auto"
+    device: str | None = None  # every model on this device (cpu, cuda, cuda:N)
+    workers: int = field(default_factory=default_workers)  # MQTT ingress processes
+    http_workers: int = 1  # HTTP ingress processes
+    max_inflight_mib: int = 256  # request bodies held by the HTTP API at once, in all
     log_level: str = "info"
     log_format: str = "text"
-    workers: int = 1  # hub processes, this one included
 
 
 def check_options(
-    *, log_level: str, http_port: int, log_format: str, workers: int, no_share: bool
+    *,
+    log_level: str,
+    http_port: int,
+    log_format: str,
+    workers: int,
+    no_share: bool,
+    http_workers: int = 1,
+    mqtt_client: str = "auto",
+    device: str | None = None,
+    max_inflight_mib: int = 256,
 ) -> tuple[str, str] | None:
     """The first command-line mistake as ``(option, what to do)``, or None."""
     if log_level.lower() not in LOG_LEVELS:
@@ -78,11 +98,21 @@ def check_options(
         return "--log-format", "use text or json"
     if workers < 1:
         return "--workers", "use 1 or more"
+    if http_workers < 1:
+        return "--http-workers", "use 1 or more (--http-port 0 turns HTTP off)"
     if workers > 1 and no_share:
         return (
             "--workers",
             "several workers need a shared subscription to split the requests; drop --no-share",
         )
+    if mqtt_client not in MQTT_CLIENTS:
+        return "--mqtt-client", f"use one of {', '.join(MQTT_CLIENTS)}"
+    if device is not None and not (
+        device in ("cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdecimal())
+    ):
+        return "--device", "use cpu, cuda or cuda:N"
+    if max_inflight_mib < 64:
+        return "--max-inflight-mib", "use 64 or more (one request body may take 64 MiB)"
     return None
 
 
@@ -96,74 +126,52 @@ def https_settings(
 
 
 def serve(settings: HubServeSettings) -> None:
-    """Run one hub (and ``workers - 1`` more processes) until SIGINT or SIGTERM."""
-    from shared import Limits, MqttSettings, Topics
+    """Run the hub's processes until SIGINT or SIGTERM, then drain them."""
+    from shared import MqttSettings
     from shared._logging import configure_logging
 
-    from ._server import Hub
+    from ._supervisor import HubSupervisor
 
     s = settings
     configure_logging(s.log_level.lower(), json=s.log_format.lower() == "json", stream=sys.stderr)
-    server = Hub(
-        s.repo,
-        mqtt=MqttSettings.from_url(s.broker).with_tls(
-            ca_certs=s.mqtt_ca, certfile=s.mqtt_cert, keyfile=s.mqtt_key
-        ),
-        topics=Topics(s.prefix),
-        share_group=None if s.no_share else s.share_group,
-        limits=Limits(),
-        connect_timeout_s=None,  # a hub started before its broker waits for it
+    MqttSettings.from_url(s.broker).with_tls(  # a bad URL is this command's error, not a child's
+        ca_certs=s.mqtt_ca, certfile=s.mqtt_cert, keyfile=s.mqtt_key
     )
-    with _stop_on_signals(server), server:  # the hub first: HTTP's first request finds it
-        http = _start_http(server, s)
-        pool = _start_workers(s)  # the others, once this one serves: the models load
-        try:
-            server.run_forever()  # the hub stops first: late HTTP requests get 503
-        finally:
-            if http is not None:
-                http.stop()
-            if pool is not None:
-                pool.stop()
+    supervisor = HubSupervisor(
+        plan(s), mqtt_workers=s.workers, http_workers=s.http_workers if s.http_port else 0
+    )
+    supervisor.run_forever()
 
 
-@contextlib.contextmanager
-def _stop_on_signals(server: Hub) -> Iterator[None]:
-    """Until ``run_forever`` installs its own handlers, SIGINT/SIGTERM ask it to stop."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    signals = (signal.SIGINT, signal.SIGTERM)
-    previous = {sig: signal.signal(sig, lambda *_: server.request_stop()) for sig in signals}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+def plan(s: HubServeSettings) -> PlaneSpec:
+    """The processes ``serve`` runs for ``s`` (reads each model's config, loads nothing)."""
+    from ._plane_spec import PlaneSpec, plan_executors
 
+    hub_id = uuid.uuid4().hex[:8]
 
-def _start_http(server: Hub, s: HubServeSettings) -> HttpServer | None:
-    if not s.http_port:
-        return None
-    from .http import HttpServer, create_app  # FastAPI and uvicorn only when HTTP is on
+    def text(path: Path | None) -> str | None:
+        return None if path is None else str(path)
 
-    app = create_app(server, api_keys=s.api_keys)
-    return HttpServer(app, host=s.http_host, port=s.http_port, tls=s.http_tls).start()
-
-
-def _start_workers(s: HubServeSettings) -> HubWorkers | None:
-    if s.workers <= 1:
-        return None
-    from ._workers import HubWorkers, WorkerSpec
-
-    spec = WorkerSpec(
+    return PlaneSpec(
+        hub_id=hub_id,
         repo=str(s.repo),
+        metrics_dir="",  # the supervisor makes it
+        executors=plan_executors(s.repo, hub_id, device=s.device),
         broker=s.broker,
-        share_group=s.share_group,
+        share_group=None if s.no_share else s.share_group,
         prefix=s.prefix,
-        mqtt_ca=None if s.mqtt_ca is None else str(s.mqtt_ca),
-        mqtt_cert=None if s.mqtt_cert is None else str(s.mqtt_cert),
-        mqtt_key=None if s.mqtt_key is None else str(s.mqtt_key),
+        legacy_topics=s.legacy_topics,
+        mqtt_ca=text(s.mqtt_ca),
+        mqtt_cert=text(s.mqtt_cert),
+        mqtt_key=text(s.mqtt_key),
+        mqtt_client=s.mqtt_client,
+        http_host=s.http_host,
+        http_port=s.http_port,
+        api_keys=text(s.api_keys),
+        tls_cert=text(s.tls_cert),
+        tls_key=text(s.tls_key),
+        tls_client_ca=text(s.tls_client_ca),
+        max_inflight_bytes=s.max_inflight_mib * MiB // max(1, s.http_workers),
         log_level=s.log_level.lower(),
         log_format=s.log_format.lower(),
     )
-    return HubWorkers(s.workers - 1, spec).start()

@@ -395,8 +395,19 @@ def child_pids(pid: int) -> list[int]:
     ]
 
 
+def wait_http_ready(port: int) -> None:
+    end = time.monotonic() + WAIT_S
+    while time.monotonic() < end:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"the hub's HTTP API on {port} never became ready")
+
+
 def mqtt_answers_counted(port: int) -> float:
-    """Requests the process serving HTTP answered over MQTT, from its /metrics."""
+    """Requests the hub answered over MQTT, from its /metrics (every process's)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT_S) as r:
         text = r.read().decode()
     return sum(
@@ -407,30 +418,16 @@ def mqtt_answers_counted(port: int) -> float:
 
 
 @pytest.mark.slow
-def test_hub_workers_split_the_requests_and_never_outlive_the_hub(
+def test_hub_processes_share_the_requests_count_them_all_and_never_outlive_the_hub(
     mosquitto, repo, topics, make_device, tmp_path
 ):
     device = make_device()
     port = free_port()
     command = [
-        sys.executable,
-        "-m",
-        "cloud_hub",
-        "--repo",
-        str(repo),
-        "--broker",
-        mosquitto.url,
-        "--prefix",
-        topics.prefix,
-        "--share-group",
-        f"g{uuid.uuid4().hex[:6]}",
-        "--log-level",
-        "warning",
-        "--http-port",
-        str(port),
-        "--workers",
-        "2",
-    ]
+        sys.executable, "-m", "cloud_hub", "--repo", str(repo), "--broker", mosquitto.url,
+        "--prefix", topics.prefix, "--share-group", f"g{uuid.uuid4().hex[:6]}",
+        "--log-level", "warning", "--http-port", str(port), "--workers", "2",
+    ]  # fmt: skip
 
     def start() -> subprocess.Popen[bytes]:
         log = (tmp_path / "hub.log").open("ab")
@@ -444,35 +441,36 @@ def test_hub_workers_split_the_requests_and_never_outlive_the_hub(
             time.sleep(0.05)
         return not Path(f"/proc/{pid}").exists()
 
-    def worker_of(hub: subprocess.Popen[bytes]) -> int:
-        end = time.monotonic() + WAIT_S  # it starts once the first process serves
-        while not child_pids(hub.pid) and time.monotonic() < end:
+    def processes_of(hub: subprocess.Popen[bytes]) -> list[int]:
+        end = time.monotonic() + WAIT_S  # the executor, 2 MQTT and 1 HTTP ingress
+        while len(child_pids(hub.pid)) < 4 and time.monotonic() < end:
             time.sleep(0.05)
-        (pid,) = child_pids(hub.pid)
-        return pid
+        pids = child_pids(hub.pid)
+        assert len(pids) == 4, pids
+        return pids
 
     hub = start()
     try:
         assert answered_eventually(device), (tmp_path / "hub.log").read_text()
-        worker = worker_of(hub)
-        # Once the worker has subscribed, the broker gives it a share of the requests:
-        # the first process (the one serving HTTP) then counts fewer than were answered.
-        answered, end = 0, time.monotonic() + WAIT_S
-        while mqtt_answers_counted(port) >= answered and time.monotonic() < end:
-            for _ in range(10):
-                assert device.reply(device.request("linear", {"x": x_rows()})).ok
-            answered += 10
-        assert 0 < mqtt_answers_counted(port) < answered
-        hub.send_signal(signal.SIGTERM)  # a clean stop takes the workers down with it
+        children = processes_of(hub)
+        wait_http_ready(port)  # the HTTP ingress starts last
+        before = mqtt_answers_counted(port)
+        for _ in range(40):
+            assert device.reply(device.request("linear", {"x": x_rows()})).ok
+        end = time.monotonic() + WAIT_S  # /metrics sums every process's count (dumped ~1/s)
+        while mqtt_answers_counted(port) - before < 40 and time.monotonic() < end:
+            time.sleep(0.1)
+        assert mqtt_answers_counted(port) - before == 40
+        hub.send_signal(signal.SIGTERM)  # a clean stop takes every process down with it
         assert hub.wait(WAIT_S) == 0
-        assert gone(worker)
+        assert all(gone(pid) for pid in children)
 
         hub = start()
         assert answered_eventually(device), (tmp_path / "hub.log").read_text()
-        worker = worker_of(hub)
-        hub.kill()  # no goodbye: the worker notices its parent is gone and stops
+        children = processes_of(hub)
+        hub.kill()  # no goodbye: the kernel tells each child its parent is gone
         hub.wait(WAIT_S)
-        assert gone(worker), "an orphaned hub worker kept running"
+        assert all(gone(pid) for pid in children), "an orphaned hub process kept running"
     finally:
         if hub.poll() is None:
             hub.kill()

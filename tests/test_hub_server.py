@@ -167,7 +167,7 @@ def cli():
 
 
 def test_the_help_teaches_the_layout_and_the_options():
-    result = CliRunner().invoke(cli(), ["--help"], terminal_width=200)
+    result = CliRunner().invoke(cli(), ["--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
     for text in ("--repo", "--broker", "--share-group", "--no-share", "--prefix", "model.onnx"):
         assert text in result.output

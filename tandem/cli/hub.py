@@ -9,16 +9,17 @@ for machines that install the hub alone.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
-from cloud_hub._serve import LOG_LEVELS  # light: the hub's heavy parts load when it serves
+from cloud_hub._serve import (  # light: the hub's heavy parts load when it serves
+    LOG_LEVELS,
+    MQTT_CLIENTS,
+    default_workers,
+)
 
 from ._common import MqttCaOption, MqttCertOption, MqttKeyOption, TlsClientCaOption, TlsKeyOption
-
-if TYPE_CHECKING:
-    from shared import ApiKeyGuard, TlsSettings
 
 __all__ = ["hub"]
 
@@ -98,10 +99,51 @@ LogFormatOption = Annotated[
 WorkersOption = Annotated[
     int,
     typer.Option(
-        help="Hub processes to run, all in the --share-group: one hub answers MQTT on "
-        "one core at most (Python's GIL), so on a machine with cores to spare N "
-        "processes answer more. Each loads the models (N times the memory; on a GPU, "
-        "N contexts); only the first serves HTTP, and /metrics counts its requests only.",
+        help="MQTT ingress processes (default: one per core), all in the --share-group. "
+        "They decode and answer requests and pass tensors through shared memory to one "
+        "executor process per model instance, which batches them all in one queue: more "
+        "workers add throughput without splitting batches or loading the models twice.",
+        show_default=False,
+    ),
+]
+HttpWorkersOption = Annotated[
+    int,
+    typer.Option(
+        help="HTTP ingress processes sharing --http-port (the kernel spreads connections). "
+        "They are separate from the MQTT ones, so an HTTP flood cannot starve devices."
+    ),
+]
+DeviceOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Where every model runs: cpu, cuda or cuda:N. Default: each model's "
+        "config.json instance_group, else a GPU when there is one.",
+        show_default=False,
+    ),
+]
+MqttClientOption = Annotated[
+    str,
+    typer.Option(
+        help=f"MQTT client of the ingress processes: {', '.join(MQTT_CLIENTS)}. auto uses "
+        "awscrt's C client on MQTT 5 brokers (half the CPU per message of paho) and paho "
+        "on MQTT 3.1.1 ones."
+    ),
+]
+LegacyTopicsOption = Annotated[
+    bool,
+    typer.Option(
+        "--legacy-topics/--no-legacy-topics",
+        help="Also take requests on <prefix>/infer/<model> (devices of earlier releases), "
+        "answered where the request says. Devices now publish on their own "
+        "<prefix>/dev/<device>/infer/<model> and are answered on their own reply topic.",
+    ),
+]
+MaxInflightOption = Annotated[
+    int,
+    typer.Option(
+        "--max-inflight-mib",
+        help="HTTP request bodies the hub holds at once, in MiB; past it requests get 503 "
+        "(overloaded) at once instead of growing the hub's memory.",
     ),
 ]
 
@@ -123,18 +165,28 @@ def hub(
     mqtt_key: MqttKeyOption = None,
     log_level: LogLevelOption = "info",
     log_format: LogFormatOption = "text",
-    workers: WorkersOption = 1,
+    workers: WorkersOption = 0,
+    http_workers: HttpWorkersOption = 1,
+    device: DeviceOption = None,
+    mqtt_client: MqttClientOption = "auto",
+    legacy_topics: LegacyTopicsOption = True,
+    max_inflight_mib: MaxInflightOption = 256,
 ) -> None:
     """Serve a model repository to edge devices over MQTT, batching on the GPU when present.
 
-    Devices publish requests on <prefix>/infer/<model>; the hub batches them per
-    model and answers on each request's reply topic. The same models answer over
-    HTTP on --http-port (POST /v2/models/<model>/infer, any KServe v2 / Triton
-    client), batched together with the MQTT requests; GET /metrics is for
-    Prometheus. Run several hubs with the same --share-group to scale out (across
-    machines, or on one with --workers N). Stop
-    with Ctrl-C or SIGTERM: queued requests are answered "overloaded" so devices
-    fall back at once.
+    Devices publish requests on <prefix>/dev/<device>/infer/<model>; the hub
+    batches them per model and answers on the device's reply topic. The same
+    models answer over HTTP on --http-port (POST /v2/models/<model>/infer, any
+    KServe v2 / Triton client), batched together with the MQTT requests; GET
+    /metrics (the whole hub) is for Prometheus.
+
+    The hub runs as processes: --workers MQTT and --http-workers HTTP ingress
+    processes in front of one executor process per model instance (config.json's
+    instance_group), which holds the model's batching queue; a process that dies
+    is restarted. Run several hubs with the same --share-group to scale across
+    machines. Stop with Ctrl-C or SIGTERM: the hub stops taking requests,
+    answers those in flight, and answers what is still queued "overloaded" so
+    devices fall back at once.
 
     --tls-cert and --tls-key make the HTTP API HTTPS (--tls-client-ca: mutual
     TLS); --mqtt-ca, --mqtt-cert and --mqtt-key are for an mqtts:// broker.
@@ -144,16 +196,21 @@ def hub(
     from cloud_hub._serve import HubServeSettings, check_options, serve
     from shared import TandemError
 
+    workers = workers or default_workers()
     problem = check_options(
         log_level=log_level,
         http_port=http_port,
         log_format=log_format,
         workers=workers,
         no_share=no_share,
+        http_workers=http_workers,
+        mqtt_client=mqtt_client,
+        device=device,
+        max_inflight_mib=max_inflight_mib,
     )
     if problem is not None:
         raise typer.BadParameter(problem[1], param_hint=problem[0])
-    guard, http_tls = _http_security(
+    _check_security(
         api_keys if http_port else None,
         (tls_cert, tls_key, tls_client_ca),
         (mqtt_ca, mqtt_cert, mqtt_key),
@@ -164,16 +221,23 @@ def hub(
         share_group=share_group,
         no_share=no_share,
         prefix=prefix,
+        legacy_topics=legacy_topics,
         http_port=http_port,
         http_host=http_host,
-        api_keys=guard,
-        http_tls=http_tls,
+        api_keys=api_keys.resolve() if api_keys is not None and http_port else None,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_client_ca=tls_client_ca,
         mqtt_ca=mqtt_ca,
         mqtt_cert=mqtt_cert,
         mqtt_key=mqtt_key,
+        mqtt_client=mqtt_client,
+        device=device,
+        workers=workers,
+        http_workers=http_workers,
+        max_inflight_mib=max_inflight_mib,
         log_level=log_level,
         log_format=log_format,
-        workers=workers,
     )
     try:
         serve(settings)
@@ -182,21 +246,21 @@ def hub(
         raise typer.Exit(1) from e
 
 
-def _http_security(
+def _check_security(
     api_keys: Path | None, https: tuple[Path | None, ...], mqtts: tuple[Path | None, ...]
-) -> tuple[ApiKeyGuard | None, TlsSettings | None]:
-    """The API key guard and the HTTP API's TLS; a mistake in them exits 2 (one line)."""
+) -> None:
+    """The API key file and TLS files must work; a mistake in them exits 2 (one line)."""
     from cloud_hub._serve import https_settings
     from shared import ApiKeyGuard, TandemError, TlsSettings
 
     try:  # a command-line mistake: one line and exit code 2, before anything starts
-        http_tls = https_settings(*https)
+        https_settings(*https)
         TlsSettings.from_files(ca_certs=mqtts[0], certfile=mqtts[1], keyfile=mqtts[2])
     except ValueError as e:  # ConfigError is a ValueError
         typer.echo(f"tandem hub: {e}", err=True)
         raise typer.Exit(2) from e
     try:
-        guard = None if api_keys is None else ApiKeyGuard.from_file(api_keys)
+        if api_keys is not None:
+            ApiKeyGuard.from_file(api_keys)
     except TandemError as e:
         raise typer.BadParameter(str(e), param_hint="--api-keys") from e
-    return guard, http_tls
