@@ -100,9 +100,11 @@ class DynamicBatcher:
         max_queue_size: int = 1024,
         model: str = "model",
         version: str = "1",
+        allow_non_finite: bool = False,
     ) -> None:
         if not inputs:
             raise ValueError("a batcher needs the model's input specs to check requests")
+        self.allow_non_finite = allow_non_finite
         self.executor = executor
         self.inputs = tuple(inputs)
         self.model = model
@@ -185,7 +187,11 @@ class DynamicBatcher:
         """
         try:
             checked, rows, key = check_inputs(
-                inputs, self.inputs, max_batch_size=self.max_batch_size, model=self.model
+                inputs,
+                self.inputs,
+                max_batch_size=self.max_batch_size,
+                model=self.model,
+                allow_non_finite=self.allow_non_finite,
             )
         except InvalidRequestError:
             self.metrics.count("rejected_invalid")

@@ -136,7 +136,11 @@ class ExecutorPool:
         """
         info = self.info(model, version)
         _, rows, _ = check_inputs(
-            inputs, info.inputs, max_batch_size=info.max_batch_size, model=model
+            inputs,
+            info.inputs,
+            max_batch_size=info.max_batch_size,
+            model=model,
+            allow_non_finite=bool(info.extra.get("allow_non_finite", False)),
         )
         tensors = [(i, inputs[spec.name]) for i, spec in enumerate(info.inputs)]
         instance = self._pick(model)

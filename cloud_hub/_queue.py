@@ -154,12 +154,15 @@ def check_inputs(
     *,
     max_batch_size: int,
     model: str = "model",
+    allow_non_finite: bool = False,
 ) -> tuple[dict[str, np.ndarray], int, ShapeKey]:
     """Check a request against the model's inputs; return (inputs, rows, shape key).
 
     With ``max_batch_size > 0`` each array is ``[n, *dims]`` with the same
-    n >= 1 for all inputs, and n <= ``max_batch_size``. Raises
-    ``InvalidRequestError`` (or ``RequestTooLargeError``) naming what is off.
+    n >= 1 for all inputs, and n <= ``max_batch_size``. Floating-point inputs
+    must be finite (NaN and inf are what a broken sensor or a bad cast send, and
+    a model answers them with confident nonsense) unless ``allow_non_finite``.
+    Raises ``InvalidRequestError`` (or ``RequestTooLargeError``) naming what is off.
     """
     batched = max_batch_size > 0
     expected = {s.name: s for s in specs}
@@ -195,6 +198,12 @@ def check_inputs(
             raise InvalidRequestError(
                 f"input {spec.name!r} of model {model!r} must have shape "
                 f"{_shape_text(spec, batched)}, got {list(array.shape)}"
+            )
+        if not allow_non_finite and array.dtype.kind == "f" and not np.isfinite(array).all():
+            bad = int(array.size - np.count_nonzero(np.isfinite(array)))
+            raise InvalidRequestError(
+                f"input {spec.name!r} of model {model!r} holds {bad} NaN or infinite "
+                "value(s); the model allows finite numbers only (config: allow_non_finite)"
             )
         if batched:
             rows.add(array.shape[0])

@@ -78,7 +78,7 @@ from ._tensors import (
     numpy_dtype,
     shape_compatible,
 )
-from ._topics import NAME_PATTERN, Topics, validate_name
+from ._topics import NAME_PATTERN, RequestTopic, Topics, validate_name
 
 __all__ = [
     "API_KEY_SCOPES",
@@ -123,6 +123,7 @@ __all__ = [
     "RateLimiter",
     "RedisRateLimiter",
     "ReplyTiming",
+    "RequestTopic",
     "ScopeError",
     "SignatureError",
     "SigningKey",

@@ -173,9 +173,13 @@ def test_each_reply_reaches_its_own_request(linked: tuple) -> None:
     for k, x in sent.items():
         assert link.submit(k, None, time.monotonic(), 1, [(0, x)])
     got = []
-    while len(got) < len(sent):
+    while len(got) < len(sent):  # the executor's side: read, say how far, read the rest
         _wait_readable(peer.fileno())
         got.extend(peer.requests())
+        peer.flush()
+        if len(got) < len(sent):
+            _wait_readable(link.fileno())
+            link.on_readable()  # takes "seen" and announces what was written meanwhile
     assert [r.key for r in got] == list(sent)  # arrival order kept
     for record in reversed(got):  # answer out of order, each with its own input doubled
         (_, x) = record.tensors[0]
@@ -233,3 +237,17 @@ def test_no_descriptor_leaks_over_many_links() -> None:
     finally:
         server.close()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_announcements_are_coalesced_and_none_is_lost(linked: tuple) -> None:
+    _, link, peer, _ = linked
+    x = np.zeros((1, 4), np.float32)
+    for key in range(50):  # the executor is busy: it reads nothing meanwhile
+        assert link.submit(key, None, 0.0, 1, [(0, x)])
+    _wait_readable(peer.fileno())
+    assert [r.key for r in peer.requests()] == [0]  # one announcement, for the first
+    peer.flush()  # the executor says how far it read ...
+    _wait_readable(link.fileno())
+    link.on_readable()  # ... and the ingress announces everything written meanwhile, at once
+    _wait_readable(peer.fileno())
+    assert [r.key for r in peer.requests()] == list(range(1, 50))
