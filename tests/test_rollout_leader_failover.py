@@ -31,8 +31,8 @@ import httpx
 import pytest
 
 from model_cdn import LocalBlobStore, open_registry
-from model_cdn.simulator import FleetSimulator, SimulatorConfig
 from shared import MqttSettings, SigningKey, create_client, verify_assignment
+from tandem.simulator import FleetSimulator, SimulatorConfig
 
 from ._brokers import MosquittoProcess, free_port, wait_for_port
 from ._cdn import make_manifest_doc
