@@ -18,14 +18,12 @@ The machines' actions are carried out through the ``AssignmentPublisher``
 (the one way assignments leave the CDN): ``Assign`` signs an assignment with
 the publisher's key (``rollback`` for the way back); ``Unassign`` (abort)
 re-assigns the previous version as a rollback, which a device still on it
-ignores. Signed assignments wait in the rollout's outbox until they are
-committed to the registry in one transaction with the rollout's new
-snapshot (devices poll them over HTTP), and only then are published
-retained without waiting for the broker (offline devices find them when
-they reconnect; paho sends them again after a reconnect of the CDN's own
-link). So a crash never leaves a sent assignment that the stored state does
-not know of: whoever resumes re-sends the stored documents and never signs
-a second one for the same wave.
+ignores. Signed assignments wait in the rollout's outbox (``_outbox``)
+until they are committed to the registry in one transaction with the
+rollout's new snapshot (devices poll them over HTTP), and only then are
+published retained without waiting for the broker (offline devices find
+them when they reconnect). So whoever resumes re-sends stored documents and
+never signs a second one for the same wave.
 
 Persistence: a rollout's snapshot (``Rollout.to_dict``) is written to the
 registry after every command and every action, and at most every
@@ -66,13 +64,11 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from shared import DeviceReport, UpdateState, UpdateStatus
 
 from .._errors import (
-    BrokerError,
     LeaseLostError,
     RolloutConflictError,
     RolloutNotFoundError,
@@ -80,12 +76,12 @@ from .._errors import (
 )
 from .._publisher import AssignmentPublisher
 from ..fleet._view import FleetView
-from ..registry import DeviceRecord, Registry, RolloutRecord
-from ..registry._base import AssignmentWrite
+from ..registry import DeviceRecord, Registry
 from ..registry._leases import Fence, RolloutCommand
-from ._commands import CommandQueue, apply_queued, view_answer
+from ._commands import CommandQueue, apply_queued
 from ._leader import LeaderLease
 from ._machine import Action, Assign, DeviceStatus, Notify, Rollout, RolloutState, Unassign
+from ._outbox import RolloutEntry, RolloutOutbox
 from ._requests import explain_empty, spec_from
 from ._view import status_view
 
@@ -100,16 +96,6 @@ _ACTIVE = {
     RolloutState.HALTED,
     RolloutState.ROLLING_BACK,
 }
-
-
-@dataclass
-class _Entry:
-    id: str
-    rollout: Rollout
-    created_at: float
-    updated_at: float
-    dirty: bool = False
-    outbox: list[AssignmentWrite] = field(default_factory=list)  # signed, not yet stored
 
 
 class RolloutController:
@@ -136,8 +122,11 @@ class RolloutController:
         self.assignment_ttl_days = assignment_ttl_days
         self.lease = lease
         self.commands = CommandQueue(registry, timeout_s=command_timeout_s)
+        self.outbox = RolloutOutbox(
+            registry, publisher, lease, clock=clock, assignment_ttl_days=assignment_ttl_days
+        )
         self.fleet = FleetView(registry.list_devices())
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, RolloutEntry] = {}
         self._lock = threading.RLock()
         self._events: queue.SimpleQueue[DeviceReport | UpdateStatus] = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -221,7 +210,7 @@ class RolloutController:
                 actions = rollout.start(candidates, now)
             except ValueError as e:
                 raise RolloutRequestError(explain_empty(spec, str(e), self.fleet)) from e
-            entry = _Entry(f"ro-{secrets.token_hex(6)}", rollout, now, now, dirty=True)
+            entry = RolloutEntry(f"ro-{secrets.token_hex(6)}", rollout, now, now, dirty=True)
             self._entries[entry.id] = entry
             self._carry_out(entry, actions)
             if not self._persist(entry, command):
@@ -277,7 +266,7 @@ class RolloutController:
             self._sync_leadership()
             if not self._leading:
                 record = self.registry.get_rollout(rollout_id)
-                return self._view(self._entry_of(record))
+                return self._view(RolloutEntry.of(record))
             return self._view(self._entry(rollout_id))
 
     def rollouts(self) -> list[dict[str, Any]]:
@@ -285,7 +274,7 @@ class RolloutController:
         with self._lock:
             self._sync_leadership()
             if not self._leading:
-                return [self._view(self._entry_of(r)) for r in self.registry.list_rollouts()]
+                return [self._view(RolloutEntry.of(r)) for r in self.registry.list_rollouts()]
             entries = sorted(self._entries.values(), key=lambda e: e.created_at, reverse=True)
             return [self._view(e) for e in entries]
 
@@ -401,7 +390,7 @@ class RolloutController:
             return r.report(device, UpdateState.INSTALLED, version, now)
         return []
 
-    def _after_event(self, entry: _Entry, actions: list[Action]) -> None:
+    def _after_event(self, entry: RolloutEntry, actions: list[Action]) -> None:
         if actions or entry.rollout.devices:
             entry.dirty = True
         self._carry_out(entry, actions)
@@ -437,77 +426,43 @@ class RolloutController:
 
     # ----------------------------------------------------------------- helpers
 
-    def _active(self, model: str) -> Iterable[_Entry]:
+    def _active(self, model: str) -> Iterable[RolloutEntry]:
         return [
             e
             for e in self._entries.values()
             if e.rollout.spec.model == model and e.rollout.state in _ACTIVE
         ]
 
-    def _entry(self, rollout_id: str) -> _Entry:
+    def _entry(self, rollout_id: str) -> RolloutEntry:
         entry = self._entries.get(rollout_id)
         if entry is None:
             raise RolloutNotFoundError(f"no rollout {rollout_id!r:.40}")
         return entry
 
-    def _view(self, entry: _Entry) -> dict[str, Any]:
+    def _view(self, entry: RolloutEntry) -> dict[str, Any]:
         return status_view(
             entry.id, entry.rollout, created_at=entry.created_at, updated_at=entry.updated_at
         )
 
-    def _entry_of(self, record: RolloutRecord) -> _Entry:
-        rollout = Rollout.from_dict(record.snapshot["rollout"])
-        return _Entry(record.id, rollout, record.created_at, record.updated_at)
-
-    def _persist(self, entry: _Entry, command: RolloutCommand | None = None) -> bool:
-        """Commit the rollout's state with its outbox (and a command's answer), then publish.
-
-        False when ``command`` was withdrawn meanwhile: nothing was written and
-        the rollout is back as stored. ``LeaseLostError``: this server follows now.
-        """
-        entry.updated_at = self.clock()
-        r = entry.rollout
-        record = RolloutRecord(
-            id=entry.id,
-            model=r.spec.model,
-            version=r.spec.version,
-            state=r.state.value,
-            snapshot={"rollout": r.to_dict()},
-            created_at=entry.created_at,
-            updated_at=entry.updated_at,
-        )
-        answer = None if command is None else view_answer(command, self._view(entry))
-        outbox = list(entry.outbox)
+    def _persist(self, entry: RolloutEntry, command: RolloutCommand | None = None) -> bool:
+        """Commit the rollout with its outbox (``_outbox``); False: the command was withdrawn
+        and the rollout is back as stored. ``LeaseLostError``: this server follows now."""
         try:
-            done = self.registry.commit_rollout(record, outbox, fence=self._fence, command=answer)
+            done = self.outbox.commit(entry, self._view, self._fence, command)
         except LeaseLostError:
             self._step_down()
             raise
         if not done:
             self._reload(entry.id)
-            return False
-        entry.outbox.clear()
-        entry.dirty = False
-        self._publish(outbox)
-        return True
+        return done
 
-    def _publish(self, writes: Iterable[AssignmentWrite]) -> None:
-        """Publish stored assignments, unless the lease lapsed (the next leader sends them)."""
-        for w in writes:
-            if self.lease is not None and self.lease.current() != self._fence:
-                return
-            try:
-                self.publisher.publish(w.device, w.document, wait=False)
-            except BrokerError as e:  # stored: devices poll it, the next leader re-sends it
-                log.warning("assignment of %s to %s not published: %s", w.model, w.device, e)
-
-    def _carry_out(self, entry: _Entry, actions: Iterable[Action]) -> None:
+    def _carry_out(self, entry: RolloutEntry, actions: Iterable[Action]) -> None:
         spec = entry.rollout.spec
         for action in actions:
             if isinstance(action, Assign):
-                self._assign(entry, action.device, action.version, action.rollback)
+                self.outbox.sign(entry, action.device, action.version, action.rollback)
             elif isinstance(action, Unassign):
-                self._assign(entry, action.device, spec.previous_version, True)
+                self.outbox.sign(entry, action.device, spec.previous_version, True)
             elif isinstance(action, Notify):
                 log.info(
                     "rollout %s: %s (wave %d) %s",
@@ -517,42 +472,20 @@ class RolloutController:
                     action.reason,
                 )
 
-    def _assign(self, entry: _Entry, device: str, version: int, rollback: bool) -> None:
-        """Sign an assignment into the outbox: ``_persist`` stores, then publishes it."""
-        model = entry.rollout.spec.model
-        doc = self.publisher.sign(
-            device=device,
-            model=model,
-            version=version,
-            rollback=rollback,
-            rollout=entry.id,
-            ttl_days=self.assignment_ttl_days,
-        )
-        entry.outbox.append(AssignmentWrite(device, model, doc))
-
-    def _republish(self, entry: _Entry) -> None:
-        model = entry.rollout.spec.model
-        waiting = (DeviceStatus.ASSIGNED, DeviceStatus.ROLLBACK_ASSIGNED)
-        for device, d in entry.rollout.devices.items():
-            if d.status in waiting:
-                doc = self.registry.get_assignment(device, model)
-                if doc is not None:
-                    self._publish([AssignmentWrite(device, model, doc)])
-
     def _republish_all(self) -> None:
         for entry in list(self._entries.values()):
             if entry.rollout.state in _ACTIVE:
-                self._republish(entry)
+                self.outbox.republish(entry, self._fence)
 
     # ------------------------------------------------------------- leadership
 
     def _load_entries(self) -> None:
-        self._entries = {r.id: self._entry_of(r) for r in self.registry.list_rollouts()}
+        self._entries = {r.id: RolloutEntry.of(r) for r in self.registry.list_rollouts()}
 
     def _reload(self, rollout_id: str) -> None:
         """Forget in-memory changes to one rollout: back to what the registry holds."""
         try:
-            self._entries[rollout_id] = self._entry_of(self.registry.get_rollout(rollout_id))
+            self._entries[rollout_id] = RolloutEntry.of(self.registry.get_rollout(rollout_id))
         except RolloutNotFoundError:
             self._entries.pop(rollout_id, None)
 
@@ -576,7 +509,7 @@ class RolloutController:
         active = [e for e in self._entries.values() if e.rollout.state in _ACTIVE]
         log.info("rollout leader (token %d): resuming %d active rollouts", fence.token, len(active))
         for entry in active:
-            self._republish(entry)
+            self.outbox.republish(entry, self._fence)
             now, r, actions = self.clock(), entry.rollout, []
             for record in self.fleet.select(model=r.spec.model):
                 d = r.devices.get(record.device)
