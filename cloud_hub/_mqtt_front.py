@@ -57,6 +57,7 @@ from shared import (
     Message,
     MqttSession,
     ReplyTiming,
+    RequestTopic,
     Topics,
     decode_message,
     encode_message,
@@ -70,6 +71,8 @@ from ._wire import ReplyTarget, reply_topic_allowed, salvage_target
 __all__ = ["MqttFront", "ReplyObserver"]
 
 log = logging.getLogger(__name__)
+
+_TOPIC_CACHE = 10_000  # request topics remembered parsed (a few per device)
 
 
 class ReplyObserver(Protocol):
@@ -113,6 +116,7 @@ class MqttFront:
         # ``stats``: a shared lock here would be taken twice per request by two threads.
         self._local = threading.local()
         self._counters: list[Counter[str]] = []
+        self._topic_cache: dict[str, RequestTopic] = {}  # parsed request topics, by topic
         session.on_message = self._handle
 
     @property
@@ -184,7 +188,13 @@ class MqttFront:
         if message.retain:  # a replay of an old request, not a device waiting: never act on it
             self._drop(f"retained request on {topic} ignored")
             return
-        where = self.topics.parse_request_topic(topic)
+        where = self._topic_cache.get(topic)
+        if where is None:
+            where = self.topics.parse_request_topic(topic)
+            if len(self._topic_cache) >= _TOPIC_CACHE:  # devices come and go: start over
+                self._topic_cache.clear()
+            if where is not None:
+                self._topic_cache[topic] = where
         if where is None:
             self._drop(f"message on {topic}, which is no request topic")
             return
