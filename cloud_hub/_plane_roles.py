@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from shared import ApiKeyGuard, Limits, MqttSettings, TlsSettings, Topics
+from shared import ApiKeyGuard, Limits, MqttSettings, TlsSettings, Topics, rate_limiter
 
 from ._backend import PoolBackend
 from ._crt_session import open_session
@@ -162,7 +162,9 @@ def run_http_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
     recorder = _recorder(book, pool)
     metrics = PlaneMetrics(Path(spec.metrics_dir), local=lambda: [book])
     sink = _Sink(recorder, metrics)
-    guard = None if spec.api_keys is None else ApiKeyGuard.from_file(spec.api_keys)
+    guard = None
+    if spec.api_keys is not None:  # with Redis, a key's rate holds across processes
+        guard = ApiKeyGuard.from_file(spec.api_keys, limiter=rate_limiter(spec.redis_url))
     app = create_app(
         ServedHub(PoolBackend(pool), sink, Limits()),
         api_keys=guard,

@@ -57,6 +57,7 @@ class PlaneSpec:
     http_host: str = "127.0.0.1"
     http_port: int = 0  # 0: no HTTP ingress
     api_keys: str | None = None
+    redis_url: str | None = None  # API keys' rate limits shared by every process and replica
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
