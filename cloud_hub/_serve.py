@@ -74,6 +74,7 @@ class HubServeSettings:
     workers: int = field(default_factory=default_workers)  # MQTT ingress processes
     http_workers: int = 1  # HTTP ingress processes
     max_inflight_mib: int = 256  # request bodies held by the HTTP API at once, in all
+    repo_poll_s: float = 2.0  # how often new versions in the repository are looked for
     log_level: str = "info"
     log_format: str = "text"
 
@@ -139,7 +140,11 @@ def serve(settings: HubServeSettings) -> None:
         ca_certs=s.mqtt_ca, certfile=s.mqtt_cert, keyfile=s.mqtt_key
     )
     supervisor = HubSupervisor(
-        plan(s), mqtt_workers=s.workers, http_workers=s.http_workers if s.http_port else 0
+        plan(s),
+        mqtt_workers=s.workers,
+        http_workers=s.http_workers if s.http_port else 0,
+        repo_poll_s=s.repo_poll_s,
+        device=s.device,
     )
     supervisor.run_forever()
 
