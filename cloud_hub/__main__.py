@@ -71,6 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--no-legacy-topics", action="store_true", help="only <prefix>/dev/<device>/infer/...")
     add("--max-inflight-mib", type=int, default=256, help="HTTP request bytes held at once")
     add("--redis", default=os.environ.get("TANDEM_REDIS_URL"), help="Redis URL: shared rate limits")
+    add("--repo-poll-s", type=float, default=2.0, help="look for new versions this often; 0: never")
     return parser
 
 
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
             legacy_topics=not a.no_legacy_topics,
             max_inflight_mib=a.max_inflight_mib,
             redis_url=a.redis,
+            repo_poll_s=max(0.0, a.repo_poll_s),
         )
     except (ValueError, TandemError) as e:  # ConfigError is a ValueError
         parser.error(str(e))

@@ -139,6 +139,15 @@ LegacyTopicsOption = Annotated[
         "<prefix>/dev/<device>/infer/<model> and are answered on their own reply topic.",
     ),
 ]
+RepoPollOption = Annotated[
+    float,
+    typer.Option(
+        "--repo-poll-s",
+        help="How often to look for new model versions in --repo; a new one is loaded and "
+        "warmed up, then swapped in without dropping requests (one that fails to load "
+        "leaves the old one serving). 0: never.",
+    ),
+]
 RedisOption = Annotated[
     str | None,
     typer.Option(
@@ -183,6 +192,7 @@ def hub(
     legacy_topics: LegacyTopicsOption = True,
     max_inflight_mib: MaxInflightOption = 256,
     redis: RedisOption = None,
+    repo_poll_s: RepoPollOption = 2.0,
 ) -> None:
     """Serve a model repository to edge devices over MQTT, batching on the GPU when present.
 
@@ -249,6 +259,7 @@ def hub(
         http_workers=http_workers,
         max_inflight_mib=max_inflight_mib,
         redis_url=redis,
+        repo_poll_s=max(0.0, repo_poll_s),
         log_level=log_level,
         log_format=log_format,
     )
