@@ -20,7 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shared import ApiKeyGuard, MqttSettings, PublicKey, SigningKey, TlsSettings, Topics
+from shared import (
+    ApiKeyGuard,
+    HttpTimeouts,
+    MqttSettings,
+    PublicKey,
+    SigningKey,
+    TlsSettings,
+    Topics,
+    uvicorn_options,
+)
 
 from ._errors import CdnError
 from .registry import Registry, open_registry
@@ -46,6 +55,8 @@ class CdnServeSettings:
     are also published there, retained. ``signer`` (needs ``mqtt``): the
     key that signs rollout assignments; it turns on the rollout controller.
     ``tls``: serve HTTPS (``ca_certs`` set: clients need a certificate).
+    ``http_timeouts``: how long a client may take over a request's headers
+    and body before it is answered 408 and dropped.
     """
 
     registry: str
@@ -61,6 +72,7 @@ class CdnServeSettings:
     signer: SigningKey | None = None
     log_level: str = "info"
     tls: TlsSettings | None = None
+    http_timeouts: HttpTimeouts = field(default_factory=HttpTimeouts)
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -114,10 +126,24 @@ class CdnServer:
         """Serve HTTP(S) until SIGINT or SIGTERM."""
         import uvicorn
 
+        uvicorn.Server(self.uvicorn_config()).run()
+
+    def uvicorn_config(self) -> Any:
+        """The ``uvicorn.Config`` that ``run`` serves: address, TLS, log level, deadlines."""
+        import uvicorn
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
         if self.app is None:
             raise CdnError("enter the CdnServer (with ...) before running it")
         s = self.settings
-        uvicorn.run(self.app, host=s.host, port=s.port, log_level=s.log_level, **_ssl(s.tls))
+        return uvicorn.Config(
+            self.app,
+            host=s.host,
+            port=s.port,
+            log_level=s.log_level,
+            **_ssl(s.tls),
+            **uvicorn_options(H11Protocol, s.http_timeouts),
+        )
 
     def __exit__(self, *exc: object) -> None:
         service, self.service = self.service, None

@@ -42,9 +42,17 @@ from ._errors import (
     SignatureError,
     TandemError,
     TensorError,
+    UnsupportedMediaTypeError,
     UnsupportedVersionError,
 )
 from ._fleet_report import DeviceReport
+from ._http_guards import (
+    BINARY_MEDIA_TYPE,
+    JSON_MEDIA_TYPE,
+    HttpTimeouts,
+    body_media_type,
+    uvicorn_options,
+)
 from ._limits import MAX_BLOB_BYTES, MAX_DOCUMENT_BYTES, Limits
 from ._logging import configure_logging, quiet_loggers
 from ._manifest import (
@@ -81,10 +89,12 @@ from ._topics import NAME_PATTERN, RequestTopic, Topics, validate_name
 
 __all__ = [
     "API_KEY_SCOPES",
+    "BINARY_MEDIA_TYPE",
     "DATATYPES",
     "DIGEST_PATTERN",
     "FORMAT_MAJOR",
     "FORMAT_MINOR",
+    "JSON_MEDIA_TYPE",
     "MAGIC",
     "MAX_BLOB_BYTES",
     "MAX_DOCUMENT_BYTES",
@@ -104,6 +114,7 @@ __all__ = [
     "ErrorCode",
     "ExpiredError",
     "FrameError",
+    "HttpTimeouts",
     "InboundMessage",
     "InvalidApiKeyError",
     "LimitExceededError",
@@ -131,10 +142,12 @@ __all__ = [
     "TokenBucket",
     "Topics",
     "TransferOptions",
+    "UnsupportedMediaTypeError",
     "UnsupportedVersionError",
     "UpdateState",
     "UpdateStatus",
     "apply_delta",
+    "body_media_type",
     "canonical_json",
     "claimed_version",
     "compress_blob",
@@ -163,6 +176,7 @@ __all__ = [
     "resolve_protocol",
     "shape_compatible",
     "sign_document",
+    "uvicorn_options",
     "validate_name",
     "verify_assignment",
     "verify_manifest",
