@@ -70,7 +70,14 @@ from ._manifest import (
     verify_assignment,
     verify_manifest,
 )
-from ._mqtt import MqttSettings, TlsSettings, create_client, publish_properties, resolve_protocol
+from ._mqtt import (
+    MqttSettings,
+    TlsSettings,
+    create_client,
+    device_client_id,
+    publish_properties,
+    resolve_protocol,
+)
 from ._mqtt_session import InboundMessage, MqttSession, PahoSession, PublishHandle
 from ._signing import PublicKey, SigningKey, canonical_json, sign_document, verify_signed
 from ._status import UpdateState, UpdateStatus
@@ -159,6 +166,7 @@ __all__ = [
     "decode_sample",
     "decode_tensors",
     "decompress_blob",
+    "device_client_id",
     "digest",
     "encode_message",
     "encode_sample",
