@@ -73,6 +73,7 @@ class CdnServeSettings:
     log_level: str = "info"
     tls: TlsSettings | None = None
     http_timeouts: HttpTimeouts = field(default_factory=HttpTimeouts)
+    trust_dir: Path | None = None  # the roots 'tandem keys root' writes, served to devices
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -116,6 +117,7 @@ class CdnServer:
                 topics=s.topics,
                 api_keys=guard,
                 controller=None if self.service is None else self.service.controller,
+                trust_dir=s.trust_dir,
             )
         except BaseException:
             self.__exit__()

@@ -79,6 +79,7 @@ from ._mqtt import (
     resolve_protocol,
 )
 from ._mqtt_session import InboundMessage, MqttSession, PahoSession, PublishHandle
+from ._root import MAX_ROOT_ROTATIONS, ROLES, RoleKeys, RootMetadata, TrustedRoot, sign_root
 from ._signing import PublicKey, SigningKey, canonical_json, sign_document, verify_signed
 from ._status import UpdateState, UpdateStatus
 from ._tensor_spec import TensorSpec
@@ -105,8 +106,10 @@ __all__ = [
     "MAGIC",
     "MAX_BLOB_BYTES",
     "MAX_DOCUMENT_BYTES",
+    "MAX_ROOT_ROTATIONS",
     "NAME_PATTERN",
     "ONNX_DATATYPES",
+    "ROLES",
     "SPEC_VERSION",
     "ApiKey",
     "ApiKeyError",
@@ -138,6 +141,8 @@ __all__ = [
     "RateLimitedError",
     "ReplyTiming",
     "RequestTopic",
+    "RoleKeys",
+    "RootMetadata",
     "ScopeError",
     "SignatureError",
     "SigningKey",
@@ -149,6 +154,7 @@ __all__ = [
     "TokenBucket",
     "Topics",
     "TransferOptions",
+    "TrustedRoot",
     "UnsupportedMediaTypeError",
     "UnsupportedVersionError",
     "UpdateState",
@@ -184,6 +190,7 @@ __all__ = [
     "resolve_protocol",
     "shape_compatible",
     "sign_document",
+    "sign_root",
     "uvicorn_options",
     "validate_name",
     "verify_assignment",

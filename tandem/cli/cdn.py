@@ -104,6 +104,16 @@ RolloutKeyOption = Annotated[
     ),
 ]
 LogLevelOption = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
+TrustDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--trust-dir",
+        help="Directory of signed roots ('tandem keys root init', 'tandem keys rotate'), "
+        "served at /v1/roots/<n>.root.json for devices to rotate their keys.",
+        file_okay=False,
+        show_default=False,
+    ),
+]
 
 
 @cdn_app.command("serve")
@@ -126,6 +136,7 @@ def cdn_serve(
     mqtt_ca: MqttCaOption = None,
     mqtt_cert: MqttCertOption = None,
     mqtt_key: MqttKeyOption = None,
+    trust_dir: TrustDirOption = None,
 ) -> None:
     """Serve models, signed manifests, blobs (ranges, immutable caching) and assignments.
 
@@ -161,6 +172,7 @@ def cdn_serve(
                 topics=Topics(prefix),
                 log_level=log_level,
                 tls=_https(tls_cert, tls_key, tls_client_ca),
+                trust_dir=trust_dir,
             )
             if sign_key is not None and settings.mqtt is None:
                 raise ValueError("--sign-key runs rollouts, which need --broker")
