@@ -62,6 +62,7 @@ class HubServeSettings:
     http_port: int = 8000  # 0: no HTTP API
     http_host: str = "127.0.0.1"
     api_keys: Path | None = None
+    redis_url: str | None = None  # API keys' rate limits shared across processes and replicas
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
@@ -73,6 +74,7 @@ class HubServeSettings:
     workers: int = field(default_factory=default_workers)  # MQTT ingress processes
     http_workers: int = 1  # HTTP ingress processes
     max_inflight_mib: int = 256  # request bodies held by the HTTP API at once, in all
+    repo_poll_s: float = 2.0  # how often new versions in the repository are looked for
     log_level: str = "info"
     log_format: str = "text"
 
@@ -138,7 +140,11 @@ def serve(settings: HubServeSettings) -> None:
         ca_certs=s.mqtt_ca, certfile=s.mqtt_cert, keyfile=s.mqtt_key
     )
     supervisor = HubSupervisor(
-        plan(s), mqtt_workers=s.workers, http_workers=s.http_workers if s.http_port else 0
+        plan(s),
+        mqtt_workers=s.workers,
+        http_workers=s.http_workers if s.http_port else 0,
+        repo_poll_s=s.repo_poll_s,
+        device=s.device,
     )
     supervisor.run_forever()
 
@@ -168,6 +174,7 @@ def plan(s: HubServeSettings) -> PlaneSpec:
         http_host=s.http_host,
         http_port=s.http_port,
         api_keys=text(s.api_keys),
+        redis_url=s.redis_url,
         tls_cert=text(s.tls_cert),
         tls_key=text(s.tls_key),
         tls_client_ca=text(s.tls_client_ca),

@@ -28,11 +28,13 @@ from shared import (
     SigningKey,
     TlsSettings,
     Topics,
+    rate_limiter,
     uvicorn_options,
 )
 
 from ._errors import CdnError
 from .registry import Registry, open_registry
+from .rollout._leader import DEFAULT_LEASE_TTL_S
 from .store import open_store
 
 if TYPE_CHECKING:
@@ -57,6 +59,10 @@ class CdnServeSettings:
     ``tls``: serve HTTPS (``ca_certs`` set: clients need a certificate).
     ``http_timeouts``: how long a client may take over a request's headers
     and body before it is answered 408 and dropped.
+    ``redis_url``: API keys' rate limits shared with every replica through
+    that Redis (None: per process). ``leader_lease_s``: the rollout leader's
+    lease among replicas on one registry (None: no election, this server
+    always leads; only for a single server).
     """
 
     registry: str
@@ -74,6 +80,8 @@ class CdnServeSettings:
     tls: TlsSettings | None = None
     http_timeouts: HttpTimeouts = field(default_factory=HttpTimeouts)
     trust_dir: Path | None = None  # the roots 'tandem keys root' writes, served to devices
+    redis_url: str | None = None
+    leader_lease_s: float | None = DEFAULT_LEASE_TTL_S
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -100,13 +108,17 @@ class CdnServer:
             from ._server import create_app
         except ImportError as e:
             raise CdnError(f"serving needs {e.name!r}: install tandem[cdn]") from e
-        guard = None if s.api_keys is None else ApiKeyGuard.from_file(s.api_keys)
+        guard = None
+        if s.api_keys is not None:
+            guard = ApiKeyGuard.from_file(s.api_keys, limiter=rate_limiter(s.redis_url))
         self.registry = open_registry(s.registry, create=True)
         try:
             if s.signer is not None and s.mqtt is not None:
                 from .rollout._service import FleetService
 
-                self.service = FleetService(self.registry, s.signer, s.mqtt, s.topics).start()
+                self.service = FleetService(
+                    self.registry, s.signer, s.mqtt, s.topics, leader_lease_s=s.leader_lease_s
+                ).start()
             self.app = create_app(
                 registry=self.registry,
                 store=open_store(s.store),

@@ -79,6 +79,7 @@ from ._mqtt import (
     resolve_protocol,
 )
 from ._mqtt_session import InboundMessage, MqttSession, PahoSession, PublishHandle
+from ._ratelimit import LocalRateLimiter, RateLimiter, RedisRateLimiter, rate_limiter
 from ._root import MAX_ROOT_ROTATIONS, ROLES, RoleKeys, RootMetadata, TrustedRoot, sign_root
 from ._signing import PublicKey, SigningKey, canonical_json, sign_document, verify_signed
 from ._status import UpdateState, UpdateStatus
@@ -129,6 +130,7 @@ __all__ = [
     "InvalidApiKeyError",
     "LimitExceededError",
     "Limits",
+    "LocalRateLimiter",
     "ManifestError",
     "Message",
     "ModelManifest",
@@ -139,6 +141,8 @@ __all__ = [
     "PublicKey",
     "PublishHandle",
     "RateLimitedError",
+    "RateLimiter",
+    "RedisRateLimiter",
     "ReplyTiming",
     "RequestTopic",
     "RoleKeys",
@@ -187,6 +191,7 @@ __all__ = [
     "parse_time",
     "publish_properties",
     "quiet_loggers",
+    "rate_limiter",
     "resolve_protocol",
     "shape_compatible",
     "sign_document",

@@ -139,6 +139,25 @@ LegacyTopicsOption = Annotated[
         "<prefix>/dev/<device>/infer/<model> and are answered on their own reply topic.",
     ),
 ]
+RepoPollOption = Annotated[
+    float,
+    typer.Option(
+        "--repo-poll-s",
+        help="How often to look for new model versions in --repo; a new one is loaded and "
+        "warmed up, then swapped in without dropping requests (one that fails to load "
+        "leaves the old one serving). 0: never.",
+    ),
+]
+RedisOption = Annotated[
+    str | None,
+    typer.Option(
+        "--redis",
+        envvar="TANDEM_REDIS_URL",
+        help="Redis URL (redis://host:6379/0): an API key's rate limit then holds across "
+        "every HTTP process and hub replica; without it each process counts its own.",
+        show_default=False,
+    ),
+]
 MaxInflightOption = Annotated[
     int,
     typer.Option(
@@ -172,6 +191,8 @@ def hub(
     mqtt_client: MqttClientOption = "auto",
     legacy_topics: LegacyTopicsOption = True,
     max_inflight_mib: MaxInflightOption = 256,
+    redis: RedisOption = None,
+    repo_poll_s: RepoPollOption = 2.0,
 ) -> None:
     """Serve a model repository to edge devices over MQTT, batching on the GPU when present.
 
@@ -237,6 +258,8 @@ def hub(
         workers=workers,
         http_workers=http_workers,
         max_inflight_mib=max_inflight_mib,
+        redis_url=redis,
+        repo_poll_s=max(0.0, repo_poll_s),
         log_level=log_level,
         log_format=log_format,
     )
