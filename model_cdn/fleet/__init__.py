@@ -6,9 +6,10 @@ MQTT connection that hears those messages and publishes assignments.
 """
 
 from ._link import FleetEvent, FleetLink, LinkStats
-from ._view import FleetView, Heard, device_view, label_filter
+from ._view import LABELS_PATH, FleetView, Heard, device_view, label_filter, label_map
 
 __all__ = [
+    "LABELS_PATH",
     "FleetEvent",
     "FleetLink",
     "FleetView",
@@ -16,4 +17,5 @@ __all__ = [
     "LinkStats",
     "device_view",
     "label_filter",
+    "label_map",
 ]

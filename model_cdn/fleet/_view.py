@@ -19,10 +19,11 @@ one device must not be able to forge the fleet's health):
   for a device the view has no version of yet, else it must match (a
   mismatch is shown as ``version_unverified``, and the rollout controller
   confirms a version only where it assigned it);
-- **freshness**: a heartbeat dated more than ``stale_after_s`` before it
-  arrived is stale (a replay, or a retained message left on the broker) and
-  changes nothing; the fleet link drops retained heartbeats before they get
-  here.
+- **freshness**: the fleet link drops retained heartbeats before they get
+  here (a retained message was stored on the broker some time ago: it says
+  nothing about now); with ``stale_after_s`` set, a heartbeat dated more than
+  that before it arrived is stale too and changes nothing (off by default:
+  devices without a real-time clock date their reports from 1970).
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ from shared import DeviceReport, UpdateState, UpdateStatus
 
 from ..registry import DeviceRecord
 
-__all__ = ["FleetView", "Heard", "device_view", "label_filter"]
+__all__ = ["LABELS_PATH", "FleetView", "Heard", "device_view", "label_filter", "label_map"]
+
+LABELS_PATH = "/v1/fleet/labels"  # POST {"devices": {id: {label: value}}}: the operator's labels
 
 DEFAULT_ONLINE_S = 60.0  # a device that reported within this is online
-DEFAULT_STALE_S = 300.0  # a heartbeat older than this when it arrives is stale
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,29 @@ def label_filter(selectors: Iterable[str]) -> dict[str, str]:
         if not sep or not key.strip() or not value.strip():
             raise ValueError(f"a label selector is NAME=VALUE, got {text!r:.80}")
         out[key.strip()] = value.strip()
+    return out
+
+
+def label_map(body: object) -> dict[str, dict[str, str]]:
+    """``{"devices": {id: {name: value}}}`` checked (``ValueError`` naming the problem)."""
+    from shared import DeviceReport, validate_name
+
+    devices = body.get("devices") if isinstance(body, Mapping) else None
+    if not isinstance(devices, Mapping) or not devices:
+        raise ValueError('the body is {"devices": {"<device id>": {"<label>": "<value>"}}}')
+    out: dict[str, dict[str, str]] = {}
+    for device, labels in devices.items():
+        validate_name(device, "device id")
+        if not isinstance(labels, Mapping) or len(labels) > DeviceReport.MAX_ENTRIES:
+            raise ValueError(
+                f"labels of {device}: an object of at most {DeviceReport.MAX_ENTRIES} entries"
+            )
+        for k, v in labels.items():
+            if not isinstance(k, str) or not isinstance(v, str) or not k:
+                raise ValueError(f"labels of {device}: names and values are text")
+            if len(k) > DeviceReport.MAX_TEXT or len(v) > DeviceReport.MAX_TEXT:
+                raise ValueError(f"labels of {device}: at most {DeviceReport.MAX_TEXT} characters")
+        out[device] = dict(labels)
     return out
 
 
@@ -90,7 +115,7 @@ class FleetView:
         records: Iterable[DeviceRecord] = (),
         *,
         trust_claimed_labels: bool = False,
-        stale_after_s: float = DEFAULT_STALE_S,
+        stale_after_s: float | None = None,
     ) -> None:
         self.devices: dict[str, DeviceRecord] = {r.device: r for r in records}
         self.trust_claimed_labels = trust_claimed_labels
@@ -106,7 +131,7 @@ class FleetView:
     def observe_report(self, report: DeviceReport, now: float) -> Heard:
         """Fold in a heartbeat heard at ``now`` (see the module docstring)."""
         old = self.devices.get(report.device)
-        if now - report.at > self.stale_after_s:
+        if self.stale_after_s is not None and now - report.at > self.stale_after_s:
             self.stale += 1
             return Heard(old, False, False)
         models = dict(old.models) if old else {}
