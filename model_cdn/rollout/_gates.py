@@ -8,11 +8,13 @@ Pure: no I/O, no clock. The state machine (``_machine``) calls in here:
   from the target's devices that later waves will take, then from devices
   outside the target that run the model;
 - ``look_times``: the moments a wave's judgement may decide, ``looks`` of
-  them spread evenly from ``soak_s`` to ``max_soak_s`` after the wave
-  started; each look tests at ``(1 - confidence) / looks`` one-sided
-  (Bonferroni over the looks, so looking again and again does not buy a
-  false halt or a false pass: the flaw of a gate that compares averages at
-  every heartbeat);
+  them from ``soak_s`` (at least 1 s) to the max soak after the wave started,
+  spaced geometrically (each gap a constant factor longer than the one
+  before: evidence grows with time, so a decision comes at most that factor
+  later than the data allowed, early and late alike); each look tests at
+  ``(1 - confidence) / looks`` one-sided (Bonferroni over the looks, so
+  looking again and again does not buy a false halt or a false pass: the flaw
+  of a gate that compares averages at every heartbeat);
 - ``evaluate``: one ``Judgement`` per enabled gate from the evidence book.
 
 A wave proceeds once every enabled gate passed at a look, halts at the first
@@ -66,11 +68,13 @@ GATES = (
 
 
 def look_times(spec: RolloutSpec, wave_started_at: float) -> list[float]:
-    first, last = spec.soak_s, max(spec.soak_s, spec.health_max_soak_s)
+    first = max(spec.soak_s, 1.0)
+    last = max(first, spec.health_max_soak_s)
     k = spec.looks
     if k == 1 or last <= first:
-        return [wave_started_at + first]
-    return [wave_started_at + first + (last - first) * j / (k - 1) for j in range(k)]
+        return [wave_started_at + last]
+    ratio = (last / first) ** (1.0 / (k - 1))
+    return [wave_started_at + first * ratio**j for j in range(k - 1)] + [wave_started_at + last]
 
 
 def stats_config(spec: RolloutSpec) -> StatsConfig:

@@ -154,7 +154,7 @@ class RolloutSpec:
     disables a gate. An enabled gate blocks the next wave until the evidence
     says "not worse than the margin" at ``confidence``, halts the rollout when
     it says "worse", and halts it as inconclusive after ``max_soak_s`` (default
-    the larger of 6 soak times and the soak plus 10 minutes).
+    the larger of 6 soak times and the soak plus 30 minutes).
     """
 
     model: str
@@ -172,7 +172,7 @@ class RolloutSpec:
     max_agreement_drop: float | None = None  # edge-cloud agreement, absolute, old - new
     min_health_samples: int = 100  # trials per cohort and metric before a gate can decide
     confidence: float = 0.95  # of each gate's decision over all of a wave's looks
-    looks: int = 20  # decisions per wave, spread from soak_s to the max soak
+    looks: int = 12  # decisions per wave, spaced geometrically from soak_s to the max soak
     max_soak_s: float | None = None  # a wave inconclusive this long halts; None: see below
     max_outliers: float = 0.05  # share of a cohort that may be excluded as outliers
     max_device_rps: float = 1000.0  # requests a second a device may plausibly count
@@ -240,7 +240,7 @@ class RolloutSpec:
         """How long a wave may soak while its health is inconclusive."""
         if self.max_soak_s is not None:
             return max(self.max_soak_s, self.soak_s)
-        return max(6 * self.soak_s, self.soak_s + 600.0)
+        return max(6 * self.soak_s, self.soak_s + 1800.0)
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         """Whether a device with ``labels`` is in the target (every selector label equal)."""

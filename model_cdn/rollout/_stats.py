@@ -60,6 +60,7 @@ Invariants (``tests/test_rollout_stats.py`` checks them with Hypothesis):
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import statistics
 from collections.abc import Sequence
@@ -203,6 +204,21 @@ def t_quantile(p: float, df: float) -> float:
     """The ``p`` quantile of Student's t (0.5 ≤ p < 1, df ≥ 1; large df: the normal's)."""
     if not 0.5 <= p < 1.0 or not df >= 1.0:
         raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df >= 1, got p={p!r}, df={df!r}")
+    return _t_quantile(p, df)
+
+
+def critical_value(p: float, df: float) -> float:
+    """``t_quantile`` with ``df`` rounded *down* to 1/100 (a slightly wider interval) and
+    remembered: a gate asks again at every tick with nearly the same df."""
+    return _cached_quantile(p, max(1.0, math.floor(df * 100.0) / 100.0))
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_quantile(p: float, df: float) -> float:
+    return t_quantile(p, df)
+
+
+def _t_quantile(p: float, df: float) -> float:
     z = statistics.NormalDist().inv_cdf(p)
     if df > 1e5:
         return z
@@ -354,7 +370,7 @@ def judge(
     delta = sign * (new.estimate - control.estimate)
     se = math.sqrt(new.variance + control.variance)
     df = _welch_df(new, control)
-    q = t_quantile(1.0 - config.alpha, df)
+    q = critical_value(1.0 - config.alpha, df)
     lower, upper = delta - q * se, delta + q * se
     if upper < margin:
         verdict, why = Verdict.PASS, "not worse: the upper bound is inside the margin"
