@@ -92,7 +92,7 @@ def _gates_part(status: dict[str, Any]) -> list[RenderableType]:
     head = (
         f"health: {state} (look {_int(looks.get('done'))} of {_int(looks.get('total'))}; "
         f"{_int(gates.get('new_devices'))} new vs {_int(gates.get('control_devices'))} "
-        "control devices; change = new - control, in points or as a ratio)"
+        "control devices; worse by: points, or new/control for latency)"
     )
     parts: list[RenderableType] = [head]
     if judgements:
@@ -102,7 +102,7 @@ def _gates_part(status: dict[str, Any]) -> list[RenderableType]:
             "verdict",
             "new",
             "control",
-            "change",
+            "worse by",
             "interval",
             "allowed",
             "devices n/c",
