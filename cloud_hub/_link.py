@@ -56,7 +56,7 @@ import numpy as np
 
 from shared import ErrorCode, TensorSpec
 
-from ._errors import HubError
+from ._errors import LinkClosedError
 from ._records import (
     REPLY,
     REQUEST,
@@ -87,15 +87,9 @@ _HELLO_BYTES = 64 * 1024
 _ACK_EVERY = 8  # besides with replies, ack when this fraction of a ring is freed
 
 
-class LinkClosedError(HubError):
-    """The peer process closed the link (it stopped or crashed)."""
-
-    code = ErrorCode.OVERLOADED
-
-
-def executor_address(hub_id: str, model: str, instance: int) -> str:
+def executor_address(hub_id: str, model: str, version: str, instance: int) -> str:
     """The abstract-namespace socket name of one executor of one hub."""
-    return f"\0tandem-hub-{hub_id}-{model}-{instance}"
+    return f"\0tandem-hub-{hub_id}-{model}-{version}-{instance}"
 
 
 @dataclass(frozen=True)

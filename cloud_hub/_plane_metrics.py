@@ -29,7 +29,7 @@ from prometheus_client.utils import floatToGoString
 
 from shared import ErrorCode
 
-from ._batcher import InferenceResult
+from ._batcher import HubResult
 from ._metrics_book import Histogram, MetricsBook, merge_books, read_books
 from ._prometheus import DURATION_BUCKETS_US, HELP, TRANSPORTS
 
@@ -51,6 +51,8 @@ _FAMILIES: dict[str, tuple[str, list[str]]] = {
     "tandem_overload_rejections": ("counter", _MODEL),
     "tandem_executor": ("info", _MODEL),
     "tandem_hub_process_restarts": ("counter", ["role"]),
+    "tandem_hub_version_swaps": ("counter", ["model"]),
+    "tandem_hub_version_load_failures": ("counter", ["model"]),
 }
 
 
@@ -73,7 +75,7 @@ class BookRecorder:
         *,
         received: float,
         error: ErrorCode = ErrorCode.OK,
-        result: InferenceResult | None = None,
+        result: HubResult | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")

@@ -20,10 +20,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shared import ApiKeyGuard, MqttSettings, PublicKey, SigningKey, TlsSettings, Topics
+from shared import (
+    ApiKeyGuard,
+    HttpTimeouts,
+    MqttSettings,
+    PublicKey,
+    SigningKey,
+    TlsSettings,
+    Topics,
+    rate_limiter,
+    uvicorn_options,
+)
 
 from ._errors import CdnError
 from .registry import Registry, open_registry
+from .rollout._leader import DEFAULT_LEASE_TTL_S
 from .store import open_store
 
 if TYPE_CHECKING:
@@ -46,6 +57,12 @@ class CdnServeSettings:
     are also published there, retained. ``signer`` (needs ``mqtt``): the
     key that signs rollout assignments; it turns on the rollout controller.
     ``tls``: serve HTTPS (``ca_certs`` set: clients need a certificate).
+    ``http_timeouts``: how long a client may take over a request's headers
+    and body before it is answered 408 and dropped.
+    ``redis_url``: API keys' rate limits shared with every replica through
+    that Redis (None: per process). ``leader_lease_s``: the rollout leader's
+    lease among replicas on one registry (None: no election, this server
+    always leads; only for a single server).
     """
 
     registry: str
@@ -61,6 +78,10 @@ class CdnServeSettings:
     signer: SigningKey | None = None
     log_level: str = "info"
     tls: TlsSettings | None = None
+    http_timeouts: HttpTimeouts = field(default_factory=HttpTimeouts)
+    trust_dir: Path | None = None  # the roots 'tandem keys root' writes, served to devices
+    redis_url: str | None = None
+    leader_lease_s: float | None = DEFAULT_LEASE_TTL_S
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -87,13 +108,17 @@ class CdnServer:
             from ._server import create_app
         except ImportError as e:
             raise CdnError(f"serving needs {e.name!r}: install tandem[cdn]") from e
-        guard = None if s.api_keys is None else ApiKeyGuard.from_file(s.api_keys)
+        guard = None
+        if s.api_keys is not None:
+            guard = ApiKeyGuard.from_file(s.api_keys, limiter=rate_limiter(s.redis_url))
         self.registry = open_registry(s.registry, create=True)
         try:
             if s.signer is not None and s.mqtt is not None:
                 from .rollout._service import FleetService
 
-                self.service = FleetService(self.registry, s.signer, s.mqtt, s.topics).start()
+                self.service = FleetService(
+                    self.registry, s.signer, s.mqtt, s.topics, leader_lease_s=s.leader_lease_s
+                ).start()
             self.app = create_app(
                 registry=self.registry,
                 store=open_store(s.store),
@@ -104,6 +129,7 @@ class CdnServer:
                 topics=s.topics,
                 api_keys=guard,
                 controller=None if self.service is None else self.service.controller,
+                trust_dir=s.trust_dir,
             )
         except BaseException:
             self.__exit__()
@@ -114,10 +140,24 @@ class CdnServer:
         """Serve HTTP(S) until SIGINT or SIGTERM."""
         import uvicorn
 
+        uvicorn.Server(self.uvicorn_config()).run()
+
+    def uvicorn_config(self) -> Any:
+        """The ``uvicorn.Config`` that ``run`` serves: address, TLS, log level, deadlines."""
+        import uvicorn
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
         if self.app is None:
             raise CdnError("enter the CdnServer (with ...) before running it")
         s = self.settings
-        uvicorn.run(self.app, host=s.host, port=s.port, log_level=s.log_level, **_ssl(s.tls))
+        return uvicorn.Config(
+            self.app,
+            host=s.host,
+            port=s.port,
+            log_level=s.log_level,
+            **_ssl(s.tls),
+            **uvicorn_options(H11Protocol, s.http_timeouts),
+        )
 
     def __exit__(self, *exc: object) -> None:
         service, self.service = self.service, None
