@@ -279,5 +279,5 @@ def test_console_reads_need_a_key_and_actions_need_rollout_admin(tmp_path: Path)
         assert versions["versions"][1]["manifest"]["quantization"]["method"] == "none"
         refused = httpx.post(url + "/console/api/rollouts/ro-000000000000/pause", headers=reader)
         assert refused.status_code == 403
-        missing = httpx.post(url + "/console/api/rollouts/ro-000000000000/pause", headers=admin)
-        assert missing.status_code == 404
+        unknown = httpx.post(url + "/console/api/rollouts/ro-000000000000/nope", headers=admin)
+        assert unknown.status_code == 404

@@ -201,7 +201,7 @@ def test_agreement_drop_on_the_new_version_halts(fleet: Fleet) -> None:
             fleet.heartbeat(device, version, requests=requests, agreed_share=0.6 if bad else 0.97)
         fleet.advance(1)
     status = fleet.advance(9)
-    assert status["state"] == "halted"
+    assert status["state"] == "halted", (status["waiting"], status["gates"])
     assert "health gate: agreement drop" in status["reason"]
     [judgement] = status["gates"]["judgements"]
     assert judgement["new"]["estimate"] == pytest.approx(0.6, abs=0.01)

@@ -72,7 +72,7 @@ def look_times(spec: RolloutSpec, wave_started_at: float) -> list[float]:
     last = max(first, spec.health_max_soak_s)
     k = spec.looks
     if k == 1 or last <= first:
-        return [wave_started_at + last]
+        return [wave_started_at + first]  # one look: as soon as the wave may end
     ratio = (last / first) ** (1.0 / (k - 1))
     return [wave_started_at + first * ratio**j for j in range(k - 1)] + [wave_started_at + last]
 
