@@ -129,10 +129,8 @@ class AdminClient:
 
     def set_labels(self, labels: Mapping[str, Mapping[str, str]]) -> list[dict[str, Any]]:
         """The operator's labels for each device named (replacing theirs); the devices."""
-        from .fleet._view import LABELS_PATH
-
         body = {"devices": {d: dict(v) for d, v in labels.items()}}
-        return self._list("POST", self._paths.base + LABELS_PATH, "devices", body=body)
+        return self._list("POST", self._paths.fleet_labels(), "devices", body=body)
 
     # -- publishing and assignments --------------------------------------------
 

@@ -6,10 +6,9 @@ MQTT connection that hears those messages and publishes assignments.
 """
 
 from ._link import FleetEvent, FleetLink, LinkStats
-from ._view import LABELS_PATH, FleetView, Heard, device_view, label_filter, label_map
+from ._view import FleetView, Heard, device_view, label_filter, label_map
 
 __all__ = [
-    "LABELS_PATH",
     "FleetEvent",
     "FleetLink",
     "FleetView",

@@ -36,9 +36,7 @@ from shared import DeviceReport, UpdateState, UpdateStatus
 
 from ..registry import DeviceRecord
 
-__all__ = ["LABELS_PATH", "FleetView", "Heard", "device_view", "label_filter", "label_map"]
-
-LABELS_PATH = "/v1/fleet/labels"  # POST {"devices": {id: {label: value}}}: the operator's labels
+__all__ = ["FleetView", "Heard", "device_view", "label_filter", "label_map"]
 
 DEFAULT_ONLINE_S = 60.0  # a device that reported within this is online
 

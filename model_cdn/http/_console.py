@@ -31,6 +31,8 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from shared import CdnPaths
+
 from .._errors import AuthDenied
 from ..fleet._view import DEFAULT_ONLINE_S, FleetView, device_view, label_filter
 from ..registry import Registry
@@ -229,18 +231,19 @@ def add_console_routes(
 ) -> None:
     """The console's page and its JSON routes (see the module docstring)."""
     c = _Console(auth, controller, registry)
-    add = app.router.add_api_route
+    add, r = app.router.add_api_route, CdnPaths.ROUTES
+    page = r["console_page"]
     add(
-        "/console",
-        lambda: RedirectResponse("/console/", status_code=307),
+        r["console"],
+        lambda: RedirectResponse(page, status_code=307),
         methods=["GET"],
         include_in_schema=False,
     )
-    add("/console/", c.page, methods=["GET"], include_in_schema=False)
-    add("/console/{asset}", c.page, methods=["GET"], include_in_schema=False)
-    add("/console/api/whoami", c.whoami, methods=["GET"])
-    add("/console/api/overview", c.overview, methods=["GET"])
-    add("/console/api/devices", c.devices, methods=["GET"])
-    add("/console/api/rollouts/{rollout_id}", c.rollout, methods=["GET"])
-    add("/console/api/models/{name}", c.model, methods=["GET"])
-    add("/console/api/rollouts/{rollout_id}/{command}", c.command, methods=["POST"])
+    add(page, c.page, methods=["GET"], include_in_schema=False)
+    add(r["console_asset"], c.page, methods=["GET"], include_in_schema=False)
+    add(r["console_whoami"], c.whoami, methods=["GET"])
+    add(r["console_overview"], c.overview, methods=["GET"])
+    add(r["console_devices"], c.devices, methods=["GET"])
+    add(r["console_rollout"], c.rollout, methods=["GET"])
+    add(r["console_model"], c.model, methods=["GET"])
+    add(r["console_command"], c.command, methods=["POST"])

@@ -8,7 +8,7 @@
     POST rollout_command           pause | resume | abort | rollback
     GET  devices                   ?label=k=v&model=m&version=n
     GET  device                    one device
-    POST /v1/fleet/labels          the operator's labels: {"devices": {id: {k: v}}}
+    POST fleet_labels              the operator's labels: {"devices": {id: {k: v}}}
 
 (route names are keys of ``shared.CdnPaths.ROUTES``). Every route needs the
 admin token or an API key with ``rollout:admin``. The rollout routes answer
@@ -27,7 +27,7 @@ from starlette.concurrency import run_in_threadpool
 
 from shared import CdnPaths
 
-from ..fleet._view import LABELS_PATH, FleetView, device_view, label_filter, label_map
+from ..fleet._view import FleetView, device_view, label_filter, label_map
 from ..registry import Registry
 from ..registry._rows import check_name
 from ._auth import Guards
@@ -133,4 +133,4 @@ def add_rollout_routes(
     add(ROUTES["rollout_command"], routes.rollout_command, methods=["POST"], dependencies=need)
     add(ROUTES["devices"], routes.list_devices, methods=["GET"], dependencies=need)
     add(ROUTES["device"], routes.get_device, methods=["GET"], dependencies=need)
-    add(LABELS_PATH, routes.set_labels, methods=["POST"], dependencies=need)
+    add(ROUTES["fleet_labels"], routes.set_labels, methods=["POST"], dependencies=need)

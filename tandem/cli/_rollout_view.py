@@ -126,8 +126,11 @@ def progress_line(status: dict[str, Any]) -> str:
     waves = [w for w in status.get("waves") or [] if isinstance(w, dict)]
     done = sum(_int(w.get("installed")) for w in waves)
     planned = sum(_int(w.get("planned")) for w in waves)
-    wave, total = status.get("wave"), status.get("waves_total")
-    where = f"wave {wave + 1} of {total}" if isinstance(wave, int) and wave >= 0 else "—"
+    wave, total, names = status.get("wave"), status.get("waves_total"), _wave_names(status)
+    where = "—"
+    if isinstance(wave, int) and wave >= 0:
+        name = f" ({names[wave]})" if wave < len(names) else ""
+        where = f"wave {wave + 1}{name} of {total}"
     waiting = [str(w) for w in status.get("waiting") or []]
     tail = f"; waiting: {'; '.join(waiting)}" if waiting else ""
     return (
