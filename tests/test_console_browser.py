@@ -204,7 +204,7 @@ def _walk_through(console: Console, chromium: Any, tmp_path: Path) -> None:
             "max_error_rate_increase": 0.01,
         },
     )["id"]
-    wait = WebDriverWait(driver, 60)
+    wait = WebDriverWait(driver, 120)  # a loaded machine: minutes, not seconds
 
     # A reader: the fleet by site, with data from the running CDN.
     _sign_in(driver, url, console.reader)
