@@ -28,7 +28,9 @@ from concurrent.futures import Future
 from typing import Any, Literal
 
 from shared import (
+    ConnectFailure,
     InboundMessage,
+    MqttRefusal,
     MqttSession,
     MqttSettings,
     PahoSession,
@@ -75,8 +77,11 @@ def open_session(
 
 
 class _CrtHandle(PublishHandle):
-    def __init__(self, future: Future[Any] | None) -> None:
+    __slots__ = ("_future", "offline")
+
+    def __init__(self, future: Future[Any] | None, *, offline: bool = False) -> None:
         self._future = future
+        self.offline = offline
 
     def wait(self, timeout_s: float) -> bool:
         if self._future is None:
@@ -85,12 +90,25 @@ class _CrtHandle(PublishHandle):
             self._future.result(timeout_s)
         except Exception:  # timeout, or the publish failed (offline, too large)
             return False
-        return True
+        return self.refusal is None
 
     @property
     def failed(self) -> bool:
         future = self._future
         return future is None or (future.done() and future.exception() is not None)
+
+    @property
+    def done(self) -> bool:
+        return self._future is None or self._future.done()
+
+    @property
+    def refusal(self) -> MqttRefusal | None:
+        future = self._future
+        if future is None or not future.done() or future.exception() is not None:
+            return None
+        puback = getattr(future.result(), "puback", None)  # None for QoS 0
+        code = None if puback is None else puback.reason_code
+        return None if code is None or int(code) < 0x80 else _refusal(code)
 
 
 class CrtSession(MqttSession):
@@ -103,7 +121,6 @@ class CrtSession(MqttSession):
         self._mqtt5 = mqtt5
         self._qos = {0: mqtt5.QoS.AT_MOST_ONCE, 1: mqtt5.QoS.AT_LEAST_ONCE}
         self._client: Any = None
-        self._connected = threading.Event()
         self._unacked: list[Future[Any]] = []
         self._unacked_lock = threading.Lock()
         self._stopped = threading.Event()
@@ -112,17 +129,13 @@ class CrtSession(MqttSession):
     def protocol(self) -> Literal["5", "3.1.1"]:
         return "5"
 
-    @property
-    def connected(self) -> bool:
-        return self._connected.is_set()
-
     def start(self, *, wait_s: float | None = None) -> bool:
         if self._client is None:
+            self._starting()
+            self._stopped.clear()
             self._client = self._build()
             self._client.start()
-        if wait_s is None:
-            return self.connected
-        return self._connected.wait(wait_s)
+        return self._first_outcome(wait_s)
 
     def _build(self) -> Any:
         mqtt5, s = self._mqtt5, self.settings
@@ -170,8 +183,7 @@ class CrtSession(MqttSession):
                 break
         client.stop()
         self._stopped.wait(timeout_s)
-        self._connected.clear()
-        self.subscribed.clear()
+        self._connection_changed(False)
 
     def publish(
         self,
@@ -196,6 +208,7 @@ class CrtSession(MqttSession):
             message_expiry_interval_sec=expiry_s,
             response_topic=response_topic,
         )
+        offline = not self.connected  # awscrt keeps QoS 1 for the next connection
         try:
             future = client.publish(packet)
         except Exception as e:  # invalid packet (e.g. a bad topic): refused at once
@@ -206,7 +219,7 @@ class CrtSession(MqttSession):
                 self._unacked.append(future)
                 if len(self._unacked) > 4096:
                     self._unacked = [f for f in self._unacked if not f.done()]
-        return _CrtHandle(future)
+        return _CrtHandle(future, offline=offline and bool(qos))
 
     def _send_subscribe(self, filters: dict[str, int]) -> None:
         client = self._client
@@ -259,20 +272,29 @@ class CrtSession(MqttSession):
     def _on_success(self, _data: Any) -> None:
         if self.settings.tcp_nodelay:
             _nodelay_to(self.settings.host, self.settings.port)
-        self._connected.set()
         log.info("connected to %s (awscrt MQTT 5)", self.settings.url)
         self._connection_changed(True)
 
     def _on_failure(self, data: Any) -> None:
+        connack = data.connack_packet
+        code = None if connack is None else connack.reason_code
+        if code is not None and int(code) >= 0x80:
+            refusal = _refusal(code)
+            log.error("broker %s refused %s: %s", self.settings.url, self.client_id, refusal)
+            self._connect_failed(ConnectFailure(str(refusal), refusal))
+            return
         log.warning("cannot connect to %s: %s; retrying", self.settings.url, data.exception)
+        self._connect_failed(ConnectFailure(str(data.exception or "connection failed")))
 
     def _on_disconnection(self, data: Any) -> None:
-        was = self._connected.is_set()
-        self._connected.clear()
-        if self._client is not None:
+        if self._client is not None and self.connected:
             log.warning("lost the broker %s (%s); reconnecting", self.settings.url, data.exception)
-        if was:
-            self._connection_changed(False)
+        self._connection_changed(False)
+
+
+def _refusal(code: Any) -> MqttRefusal:
+    """An awscrt reason code enum (``NOT_AUTHORIZED``) as paho names it ("Not authorized")."""
+    return MqttRefusal(int(code), code.name.replace("_", " ").capitalize())
 
 
 def _nodelay_to(host: str, port: int) -> int:

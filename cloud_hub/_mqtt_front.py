@@ -141,11 +141,14 @@ class MqttFront:
             " and ".join(self.subscriptions),
         )
         if wait_s is not None and not self.session.subscribed.wait(wait_s):
+            failure = self.session.connect_failure
             self.session.stop(timeout_s=1.0)
+            where = self.session.settings.url
+            if failure is not None and not self.session.connects:
+                raise BrokerError(f"{failure.explain(where)} (waited {wait_s}s)")
             raise BrokerError(
-                f"no subscription to {self.subscriptions} on {self.session.settings.url} "
-                f"within {wait_s}s (broker down, credentials refused, or shared subscriptions "
-                "unsupported?)"
+                f"no subscription to {self.subscriptions} on {where} within {wait_s}s "
+                "(broker down, credentials refused, or shared subscriptions unsupported?)"
             )
         return self
 

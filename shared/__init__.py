@@ -78,7 +78,14 @@ from ._mqtt import (
     publish_properties,
     resolve_protocol,
 )
-from ._mqtt_session import InboundMessage, MqttSession, PahoSession, PublishHandle
+from ._mqtt_session import (
+    ConnectFailure,
+    InboundMessage,
+    MqttRefusal,
+    MqttSession,
+    PahoSession,
+    PublishHandle,
+)
 from ._ratelimit import LocalRateLimiter, RateLimiter, RedisRateLimiter, rate_limiter
 from ._root import MAX_ROOT_ROTATIONS, ROLES, RoleKeys, RootMetadata, TrustedRoot, sign_root
 from ._signing import PublicKey, SigningKey, canonical_json, sign_document, verify_signed
@@ -120,6 +127,7 @@ __all__ = [
     "BlobRef",
     "CdnPaths",
     "ConfigError",
+    "ConnectFailure",
     "DeltaRef",
     "DeviceReport",
     "ErrorCode",
@@ -134,6 +142,7 @@ __all__ = [
     "ManifestError",
     "Message",
     "ModelManifest",
+    "MqttRefusal",
     "MqttSession",
     "MqttSettings",
     "PahoSession",

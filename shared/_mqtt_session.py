@@ -4,40 +4,53 @@
 the CDN's fleet link and the assignment publisher need from MQTT, and no
 more::
 
-    session = PahoSession(settings, "tandem-edge-cam-7", on_message=handle)
-    session.subscribe("tandem/v1/dev/cam-7/reply")   # remembered: sent again on every connect
-    session.start(wait_s=5.0)                         # connects in the background, retrying
+    session = PahoSession(settings, device_client_id("cam-7"), on_message=handle)
+    session.subscribe("tandem/v1/dev/cam-7/reply")  # remembered: sent on every connect
+    if not session.start(wait_s=5.0):   # the first attempt's outcome: refused, unreachable
+        raise SomeError(session.connect_failure.explain(settings.url))
     handle = session.publish(topic, frame, qos=1, correlation_data=b"...", expiry_s=3)
-    handle.wait(5.0)                                  # the broker's PUBACK
-    session.stop()                                    # unacknowledged QoS 1 first
+    handle.wait(5.0)            # True: the broker's PUBACK said yes
+    handle.refusal              # an ACL's "no": MqttRefusal(0x87, "Not authorized")
+    session.stop()              # waits for unacknowledged QoS 1 first
 
 Rules every implementation keeps:
 
-- ``start`` returns at once, or after ``wait_s`` for the first connection
-  (True when connected); the session reconnects with backoff
-  (``MqttSettings.reconnect_*``) for as long as it runs;
+- ``start`` returns at once, or with ``wait_s`` as soon as the first
+  connection attempt has an outcome (True when connected; False when it was
+  refused or the broker was not reached, and ``connect_failure`` says which,
+  in one line: ``explain(url)``); either way the session reconnects with
+  backoff (``MqttSettings.reconnect_*``) for as long as it runs.
+  ``wait_connected`` waits across attempts;
 - every ``subscribe`` is sent again on every connection (sessions are not
   kept: clean start), so an owner never re-subscribes by hand;
   ``subscribed`` is set while every filter is granted;
 - ``on_connection(True/False)`` tells the owner when the connection comes
   and goes, on the session's own thread; an owner with requests in flight
-  fails them there (they would wait for replies that will not come);
+  fails them there (they would wait for replies that will not come).
+  ``connects`` and ``disconnects`` count those changes;
 - ``on_message`` receives an ``InboundMessage`` on the session's thread; an
   exception it raises is logged, never raised into the client library (which
   would end its network thread);
 - ``publish`` never blocks on the network: it queues and returns a
-  ``PublishHandle``; MQTT 5 properties (correlation data, message expiry,
-  response topic) are sent only on MQTT 5 connections.
+  ``PublishHandle``. A QoS 1 message published while disconnected is kept
+  (``handle.offline``) and sent when the session connects again. On MQTT 5 a
+  broker may refuse a QoS 1 message in its PUBACK (reason code >= 0x80, e.g.
+  an ACL's "not authorized"): ``wait`` then returns False and
+  ``handle.refusal`` says why, never passing for delivered. MQTT 5
+  properties (correlation data, message expiry, response topic) are sent
+  only on MQTT 5 connections.
 
 ``PahoSession`` (paho-mqtt, pure Python, light: what devices use) lives here;
 the hub may use a C-backed one (``cloud_hub``'s awscrt session) with the same
-interface, chosen by measurement.
+interface, chosen by measurement. They are the only places a paho or awscrt
+client is created (tests/test_mqtt_clients.py keeps it so).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -48,7 +61,14 @@ from typing import Any, Literal
 
 from ._mqtt import MqttSettings, create_client, publish_properties, resolve_protocol
 
-__all__ = ["InboundMessage", "MqttSession", "PahoSession", "PublishHandle"]
+__all__ = [
+    "ConnectFailure",
+    "InboundMessage",
+    "MqttRefusal",
+    "MqttSession",
+    "PahoSession",
+    "PublishHandle",
+]
 
 log = logging.getLogger(__name__)
 
@@ -64,17 +84,72 @@ class InboundMessage:
     correlation_data: bytes | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class MqttRefusal:
+    """A broker's "no": an MQTT 5 reason code >= 0x80 and its name.
+
+    MQTT 3.1.1 CONNACK codes are given their MQTT 5 equivalents (3.1.1's
+    "not authorised", 5, is 0x87); a 3.1.1 PUBACK cannot refuse.
+    """
+
+    code: int
+    reason: str  # e.g. "Not authorized"
+
+    def __str__(self) -> str:
+        return f"{self.reason} (reason code 0x{self.code:02x})"
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectFailure:
+    """Why the last connection attempt failed.
+
+    ``refusal`` when the broker answered no (bad credentials, not
+    authorized, a client id it will not take); None when it was not reached
+    (``reason``: the socket's or TLS's error) or closed the connection
+    without answering.
+    """
+
+    reason: str
+    refusal: MqttRefusal | None = None
+
+    @property
+    def refused(self) -> bool:
+        return self.refusal is not None
+
+    def explain(self, url: str) -> str:
+        """One line for an error message, naming the broker."""
+        if self.refusal is not None:
+            return f"the MQTT broker at {url} refused the connection: {self.refusal}"
+        return f"cannot reach the MQTT broker at {url}: {self.reason}"
+
+
 class PublishHandle(ABC):
-    """A queued publish; ``wait`` for the broker's acknowledgement (QoS 1) or the send (QoS 0)."""
+    """A queued publish: ``wait`` for the broker's acknowledgement (QoS 1) or the send (QoS 0)."""
+
+    offline: bool = False  # published while disconnected (QoS 1: sent after the reconnect)
 
     @abstractmethod
     def wait(self, timeout_s: float) -> bool:
-        """True once the broker acknowledged it (QoS 1) or it was written (QoS 0)."""
+        """True once the broker accepted it (QoS 1) or it was written (QoS 0).
+
+        False when that did not happen within ``timeout_s``, the client
+        refused it (``failed``) or the broker did (``refusal``).
+        """
 
     @property
     @abstractmethod
     def failed(self) -> bool:
-        """True when the client refused it (not connected and not queued, too large)."""
+        """True when the client refused it (too large, a bad topic, QoS 0 while offline)."""
+
+    @property
+    @abstractmethod
+    def done(self) -> bool:
+        """True once the broker answered (accepted or refused), or the client refused it."""
+
+    @property
+    @abstractmethod
+    def refusal(self) -> MqttRefusal | None:
+        """The broker's refusal in its PUBACK (MQTT 5 only), once ``done``; else None."""
 
 
 MessageHandler = Callable[[InboundMessage], None]
@@ -97,8 +172,14 @@ class MqttSession(ABC):
         self.on_message = on_message
         self.on_connection = on_connection
         self.subscribed = threading.Event()
+        self.connects = 0  # connections made
+        self.disconnects = 0  # connections lost (or closed by ``stop``)
+        self.connect_failure: ConnectFailure | None = None  # the last failed attempt's
+        self._connected = threading.Event()
+        self._answered = threading.Event()  # the first attempt's outcome is known
         self._filters: dict[str, int] = {}
         self._filters_lock = threading.Lock()
+        self._down_lock = threading.Lock()  # a stop and the client's thread may both see it go
 
     @property
     @abstractmethod
@@ -106,12 +187,16 @@ class MqttSession(ABC):
         """The MQTT version of the connection (known after ``start``)."""
 
     @property
-    @abstractmethod
-    def connected(self) -> bool: ...
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def wait_connected(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a connection, across failed attempts."""
+        return self._connected.wait(timeout_s)
 
     @abstractmethod
     def start(self, *, wait_s: float | None = None) -> bool:
-        """Connect in the background; with ``wait_s``, wait that long for the first connection."""
+        """Connect in the background; with ``wait_s``, wait that long for the first outcome."""
 
     @abstractmethod
     def stop(self, timeout_s: float = 5.0) -> None:
@@ -159,6 +244,16 @@ class MqttSession(ABC):
 
     # -- for implementations: call from the client's callbacks ------------------------------
 
+    def _starting(self) -> None:
+        """A new client is about to connect: its first attempt has no outcome yet."""
+        self._answered.clear()
+        self.connect_failure = None
+
+    def _first_outcome(self, wait_s: float | None) -> bool:
+        if wait_s is not None:
+            self._answered.wait(wait_s)
+        return self.connected
+
     def _deliver(self, message: InboundMessage) -> None:
         handler = self.on_message
         if handler is None:
@@ -168,14 +263,27 @@ class MqttSession(ABC):
         except Exception:  # the client library's thread must go on
             log.exception("MQTT message handler failed on %s", message.topic)
 
+    def _connect_failed(self, failure: ConnectFailure) -> None:
+        self.connect_failure = failure
+        self._answered.set()
+
     def _connection_changed(self, up: bool) -> None:
         if up:
+            self.connect_failure = None
+            self.connects += 1
+            self._connected.set()
+            self._answered.set()
             filters = self.filters
             if filters:
                 self._send_subscribe(filters)
             else:
                 self.subscribed.set()
         else:
+            with self._down_lock:
+                if not self._connected.is_set():
+                    return  # not connected: a failed attempt, or already counted
+                self._connected.clear()
+                self.disconnects += 1
             self.subscribed.clear()
         handler = self.on_connection
         if handler is not None:
@@ -187,10 +295,19 @@ class MqttSession(ABC):
 
 # -- paho-mqtt -------------------------------------------------------------------------------
 
+_ERR_NO_CONN = 4  # paho's MQTT_ERR_NO_CONN: a QoS 1 message is kept and sent after a reconnect
+_MAX_REFUSALS = 1024  # PUBACK refusals remembered until their handle reads them
+
 
 class _PahoHandle(PublishHandle):
-    def __init__(self, info: Any) -> None:
+    __slots__ = ("_checked", "_info", "_refusal", "_session", "offline")
+
+    def __init__(self, info: Any, session: PahoSession, *, offline: bool) -> None:
         self._info = info
+        self._session = session
+        self._refusal: MqttRefusal | None = None
+        self._checked = False
+        self.offline = offline
 
     def wait(self, timeout_s: float) -> bool:
         if self._info.rc:
@@ -199,11 +316,23 @@ class _PahoHandle(PublishHandle):
             self._info.wait_for_publish(timeout_s)
         except (RuntimeError, ValueError):  # never queued
             return False
-        return bool(self._info.is_published())
+        return self.done and self.refusal is None
 
     @property
     def failed(self) -> bool:
         return bool(self._info.rc)
+
+    @property
+    def done(self) -> bool:
+        return bool(self._info.rc) or bool(self._info.is_published())
+
+    @property
+    def refusal(self) -> MqttRefusal | None:
+        # paho records a PUBACK's reason in on_publish, before it marks the message published.
+        if not self._checked and not self._info.rc and self._info.is_published():
+            self._refusal = self._session._take_refusal(self._info.mid)
+            self._checked = True
+        return self._refusal
 
 
 class PahoSession(MqttSession):
@@ -223,18 +352,16 @@ class PahoSession(MqttSession):
         self._protocol = protocol
         self._max_inflight = max_inflight  # 0: no cap on QoS 1 in flight
         self._client: Any = None
-        self._connected = threading.Event()
         self._unacked: deque[Any] = deque(maxlen=4096)
         self._pending_subs: dict[int, list[str]] = {}
+        self._refusals: dict[int, MqttRefusal] = {}  # mid -> the PUBACK's refusal
+        self._refusals_lock = threading.Lock()
+        self._attempt_failed = False  # the current attempt's failure is already recorded
         self._closing = False
 
     @property
     def protocol(self) -> Literal["5", "3.1.1"]:
         return self._protocol or "3.1.1"
-
-    @property
-    def connected(self) -> bool:
-        return self._connected.is_set()
 
     def start(self, *, wait_s: float | None = None) -> bool:
         if self._client is None:
@@ -243,17 +370,19 @@ class PahoSession(MqttSession):
             client = create_client(self.settings, self.client_id, protocol=self._protocol)
             client.max_inflight_messages_set(self._max_inflight)
             client.max_queued_messages_set(0)
+            client.on_pre_connect = self._on_pre_connect
             client.on_connect = self._on_connect
             client.on_disconnect = self._on_disconnect
             client.on_subscribe = self._on_subscribe
             client.on_message = self._on_message
+            client.on_publish = self._on_publish
             client.on_connect_fail = self._on_connect_fail
+            self._starting()
+            self._closing = False
             self._client = client
             client.connect_async(self.settings.host, self.settings.port, self.settings.keepalive_s)
             client.loop_start()
-        if wait_s is None:
-            return self.connected
-        return self._connected.wait(wait_s)
+        return self._first_outcome(wait_s)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         client, self._closing = self._client, True
@@ -269,8 +398,7 @@ class PahoSession(MqttSession):
         client.disconnect()
         client.loop_stop()
         self._client = None
-        self._connected.clear()
-        self.subscribed.clear()
+        self._connection_changed(False)  # paho may not call on_disconnect once its loop stopped
 
     def publish(
         self,
@@ -294,9 +422,14 @@ class PahoSession(MqttSession):
                 else _full_properties(response_topic, correlation_data, expiry_s)
             )
         info = client.publish(topic, payload, qos=qos, retain=retain, properties=properties)
+        offline = info.rc == _ERR_NO_CONN
+        if qos and offline:
+            # Kept in paho's queue and sent after the reconnect, when paho marks it
+            # published; "no connection" would make it look dropped to wait_for_publish.
+            info.rc = 0
         if qos and not info.rc:
             self._unacked.append(info)
-        return _PahoHandle(info)
+        return _PahoHandle(info, self, offline=offline)
 
     def _send_subscribe(self, filters: dict[str, int]) -> None:
         client = self._client
@@ -311,25 +444,40 @@ class PahoSession(MqttSession):
         if client is not None:
             client.unsubscribe(topic_filter)
 
+    def _take_refusal(self, mid: int) -> MqttRefusal | None:
+        with self._refusals_lock:
+            return self._refusals.pop(mid, None)
+
     # -- paho's callbacks (its network thread) ----------------------------------------------
+
+    def _on_pre_connect(self, _c: Any, _u: Any) -> None:
+        self._attempt_failed = False
 
     def _on_connect(self, _c: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
         if reason.is_failure:
-            log.error("broker %s refused %s: %s", self.settings.url, self.client_id, reason)
+            refusal = MqttRefusal(int(reason.value), str(reason))
+            log.error("broker %s refused %s: %s", self.settings.url, self.client_id, refusal)
+            self._attempt_failed = True
+            self._connect_failed(ConnectFailure(str(refusal), refusal))
             return
-        self._connected.set()
         self._connection_changed(True)
 
     def _on_connect_fail(self, _c: Any, _u: Any) -> None:
-        log.warning("cannot reach the broker %s; retrying", self.settings.url)
+        # paho calls this inside its ``except OSError`` block: the error is the current one.
+        error = sys.exc_info()[1]
+        reason = (str(error) or type(error).__name__) if error else "connection failed"
+        log.warning("cannot reach the broker %s (%s); retrying", self.settings.url, reason)
+        self._attempt_failed = True
+        self._connect_failed(ConnectFailure(reason))
 
     def _on_disconnect(self, _c: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
-        was = self._connected.is_set()
-        self._connected.clear()
+        if not self.connected:
+            if not self._attempt_failed and not self._closing:
+                self._connect_failed(ConnectFailure(f"closed before answering ({reason})"))
+            return
         if not self._closing:
             log.warning("lost the broker %s (%s); reconnecting", self.settings.url, reason)
-        if was:
-            self._connection_changed(False)
+        self._connection_changed(False)
 
     def _on_subscribe(self, _c: Any, _u: Any, mid: int, codes: Any, _p: Any) -> None:
         names = self._pending_subs.pop(mid, [])
@@ -339,6 +487,16 @@ class PahoSession(MqttSession):
             return
         if not self._pending_subs:
             self.subscribed.set()
+
+    def _on_publish(self, _c: Any, _u: Any, mid: int, reason: Any, _p: Any) -> None:
+        if reason.value >= 0x80:
+            with self._refusals_lock:
+                if len(self._refusals) >= _MAX_REFUSALS:
+                    self._refusals.pop(next(iter(self._refusals)))
+                self._refusals[mid] = MqttRefusal(int(reason.value), str(reason))
+        elif self._refusals:  # a reused message id: forget an old refusal
+            with self._refusals_lock:
+                self._refusals.pop(mid, None)
 
     def _on_message(self, _c: Any, _u: Any, message: Any) -> None:
         properties = message.properties
