@@ -6,12 +6,13 @@
                       users and ACL of the site                              hubs, the CDN
 
 Devices connect to the site broker with credentials of the site (rendered by
-``_mqtt_dynsec`` or ``_mqtt_acl``, as for a cloud broker, without the first
-topic layout). The site broker runs one bridge, a client of the cloud broker
-whose username and client id are ``tandem-gateway-<site>``, and which
-forwards (``{p}`` the topic prefix, ``<d>`` each device of the site)::
+``_mqtt_dynsec`` or ``_mqtt_acl``, as for a cloud broker). The site broker
+runs one bridge, a client of the cloud broker whose username and client id
+are ``tandem-gateway-<site>``, and which forwards (``{p}`` the topic prefix,
+``<d>`` each device of the site)::
 
     out  {p}/dev/+/infer/+     QoS 0   requests
+    out  {p}/infer/+           QoS 0   requests of the first layout (``legacy_topics``)
     out  {p}/dev/+/status      QoS 2   update reports   } kept at the site while the
     out  {p}/dev/+/telemetry   QoS 2   heartbeats       } uplink is down, sent after
     in   {p}/dev/<d>/reply     QoS 0   replies
@@ -36,6 +37,12 @@ Why so:
   refused, and it would make the cloud match every reply of the fleet
   against every gateway. ``out`` topics are wildcards: the site broker holds
   the site's devices only, and the cloud checks each publish anyway.
+- The first layout (``legacy_topics``, on by default as everywhere, for the
+  migration release: ``EdgeAgent`` still publishes there): the site's devices
+  may publish on ``{p}/infer/+``, the bridge forwards it, and the gateway may
+  publish it on the cloud; the hub answers on the reply topic the frame names
+  (a device's own, which the bridge brings in). Re-provision the site with
+  ``legacy_topics=False`` once its devices use their own request topics.
 - ``try_private`` (Mosquitto's bridge flag) keeps the retain flag of an
   assignment forwarded live, so the site broker keeps it retained and a
   device that (re)connects during an outage still gets it.
@@ -152,6 +159,7 @@ def render_bridge_config(
     cloud_url: str,
     password: str,
     prefix: str = "tandem/v1",
+    legacy_topics: bool = True,
     options: BridgeOptions | None = None,
 ) -> str:
     """The bridge section of the site broker's ``mosquitto.conf`` (a ``conf.d`` file)."""
@@ -196,6 +204,7 @@ def render_bridge_config(
     lines += [
         "# Requests out, reports out (queued while the uplink is down).",
         f"topic {p}/dev/+/infer/+ out {opts.request_qos}",
+        *([f"topic {p}/infer/+ out {opts.request_qos}"] if legacy_topics else []),
         f"topic {p}/dev/+/status out {opts.report_qos}",
         f"topic {p}/dev/+/telemetry out {opts.report_qos}",
         "# Replies and assignments in, for this site's devices only.",
@@ -213,10 +222,13 @@ def _acl(kind: str, topic: str) -> dict[str, Any]:
     return {"acltype": kind, "topic": topic, "allow": True}
 
 
-def gateway_dynsec_role(site: str, devices: Iterable[str], prefix: str) -> dict[str, Any]:
-    """The plugin role of one gateway: its site's devices' topics, nothing more."""
+def gateway_dynsec_role(
+    site: str, devices: Iterable[str], prefix: str, *, legacy_topics: bool = True
+) -> dict[str, Any]:
+    """The plugin role of one gateway: its site's devices' topics, nothing more (and the
+    first layout's request topic with ``legacy_topics``)."""
     p = Topics(prefix).prefix
-    acls: list[dict[str, Any]] = []
+    acls = [_acl("publishClientSend", f"{p}/infer/+")] if legacy_topics else []
     for device in _site_devices(devices):
         own = f"{p}/dev/{device}"
         acls += [_acl("publishClientSend", f"{own}/{leaf}") for leaf in _OUT_LEAVES]
@@ -229,7 +241,9 @@ def gateway_dynsec_role(site: str, devices: Iterable[str], prefix: str) -> dict[
 _OUT_LEAVES = ("infer/+", "status", "telemetry")
 
 
-def gateway_acl_block(site: str, devices: Iterable[str], prefix: str) -> str:
+def gateway_acl_block(
+    site: str, devices: Iterable[str], prefix: str, *, legacy_topics: bool = True
+) -> str:
     """The gateway's block of a plain ``acl_file`` (kept by later provisioning)."""
     p = Topics(prefix).prefix
     name = gateway_user(site)
@@ -238,6 +252,8 @@ def gateway_acl_block(site: str, devices: Iterable[str], prefix: str) -> str:
         f"# Site gateway {site}: its devices' topics only.",
         f"user {name}",
     ]
+    if legacy_topics:
+        lines.append(f"topic write {p}/infer/+")
     for device in _site_devices(devices):
         own = f"{p}/dev/{device}"
         lines += [f"topic write {own}/{leaf}" for leaf in _OUT_LEAVES]
@@ -306,7 +322,9 @@ def _cloud_dynsec(
     clients = [c for c in config.get("clients", []) if c.get("username") != name]
     roles = [r for r in config.get("roles", []) if r.get("rolename") != name]
     clients.append(dynsec_client(name, password, roles=[name], clientid=name))
-    roles.append(gateway_dynsec_role(site, devices, base["prefix"]))
+    roles.append(
+        gateway_dynsec_role(site, devices, base["prefix"], legacy_topics=base["legacy_topics"])
+    )
     config["clients"], config["roles"] = clients, roles
     return json.dumps(config, indent=2) + "\n"
 
@@ -320,7 +338,9 @@ def _cloud_plain(
     passwd = files.passwd_file.read_text("utf-8") if files.passwd_file.exists() else ""
     acl = files.acl_file.read_text("utf-8") if files.acl_file.exists() else ""
     rest, blocks = split_acl_blocks(acl or render_acl_file(**base))
-    blocks[name] = gateway_acl_block(site, devices, base["prefix"])
+    blocks[name] = gateway_acl_block(
+        site, devices, base["prefix"], legacy_topics=base["legacy_topics"]
+    )
     return {
         files.passwd_file: merge_password_file(passwd, [password_line(name, password)]),
         files.acl_file: join_acl_blocks(rest, blocks),
@@ -377,10 +397,10 @@ def provision_gateway(
     """Provision ``devices`` on the site broker, the gateway on the cloud broker, the bridge.
 
     The named devices get fresh passwords in ``site_files`` (others keep
-    theirs; the first topic layout is off at a site); the gateway gets a fresh
-    password, its role or ACL block in ``cloud_files``, and the bridge section
-    in ``bridge_file``, which names every device of the site. ``legacy_topics``
-    applies only to a cloud file created here. Names, the URL and every
+    theirs); the gateway gets a fresh password, its role or ACL block in
+    ``cloud_files``, and the bridge section in ``bridge_file``, which names
+    every device of the site. ``legacy_topics`` (the first request layout)
+    applies to all three, and to a cloud file created here. Names, the URL and every
     existing file are read and checked before anything is written
     (``ConfigError``); then the site's files (passwords first, to
     ``password_out``), the cloud's, and the bridge file.
@@ -393,9 +413,15 @@ def provision_gateway(
     base = dict(prefix=prefix, hub_user=hub_user, cdn_user=cdn_user, legacy_topics=legacy_topics)
     cloud = _cloud_files_text(cloud_files, site, every, password, base)
     bridge = render_bridge_config(
-        site, every, cloud_url=cloud_url, password=password, prefix=prefix, options=options
+        site,
+        every,
+        cloud_url=cloud_url,
+        password=password,
+        prefix=prefix,
+        legacy_topics=legacy_topics,
+        options=options,
     )
-    site_kw = dict(base, legacy_topics=False, password_out=password_out)
+    site_kw = dict(base, password_out=password_out)
     done = _provision_site(names, site_files, site_kw, bind_client_ids)
     for path, text in cloud.items():
         write_private_file(path, text)
