@@ -35,7 +35,7 @@ from model_cdn._mqtt_bridge import (
 )
 from model_cdn._mqtt_dynsec import dynsec_password_matches, provision_dynsec
 from model_cdn.fleet import FleetEvent, FleetLink, FleetView
-from model_cdn.registry import open_registry
+from model_cdn.registry import Registry, open_registry
 from shared import ConfigError, DeviceReport, MqttSettings, Topics
 
 from ._brokers import MosquittoProcess, dynsec_plugin, free_port
@@ -313,6 +313,42 @@ def test_nothing_is_written_when_a_file_cannot_be_read(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cloud.json"]
 
 
+# -- a report delivered twice ---------------------------------------------------------
+
+
+def test_a_report_the_uplink_delivered_twice_is_one_registry_row_with_the_same_counters(
+    registry: Registry,
+) -> None:
+    """Devices publish reports at QoS 1, so the bridge forwards them at QoS 1: one in
+    flight when the uplink died is sent again after the restore, and the cloud may take
+    it twice (docs/site-gateways.md). A report is a snapshot (counters since the version
+    started serving), so applying it again changes no count, only when it was last heard."""
+
+    def report(at: float, requests: int) -> DeviceReport:
+        return DeviceReport(
+            device="cam-01", at=at, model="linear", version=1, requests=requests, offloads=3
+        )
+
+    first, second = report(100.0, 40), report(130.0, 55)
+    once, twice = FleetView(), FleetView()
+    for view, arrivals in ((once, [first, second]), (twice, [first, second, second])):
+        for k, r in enumerate(arrivals):
+            view.observe_report(r, 1000.0 + k)
+    registry.upsert_devices(once.take_dirty())
+    row_once = registry.get_device("cam-01")
+    registry.upsert_devices(twice.take_dirty())
+    rows = registry.list_devices()
+    assert [r.device for r in rows] == ["cam-01"]
+    assert rows[0].telemetry is not None and row_once.telemetry is not None
+    assert rows[0].telemetry["at"] == row_once.telemetry["at"] == second.at
+    counters = ("requests", "errors", "offloads", "agreement_samples", "agreed")
+    assert {c: rows[0].telemetry[c] for c in counters} == {
+        c: row_once.telemetry[c] for c in counters
+    }
+    assert rows[0].models == row_once.models and rows[0].first_seen == row_once.first_seen
+    assert rows[0].last_seen == 1002.0  # heard again: only the time moves
+
+
 # -- the command line ------------------------------------------------------------------
 
 
@@ -415,18 +451,47 @@ class Inbox:
             return [m for m in self.messages if m.topic == topic]
 
 
-def test_stolen_gateway_credentials_speak_only_for_that_sites_devices(tmp_path: Path) -> None:
-    needs_plugin()
+@pytest.mark.parametrize("files", ["dynsec", "acl_file"])
+def test_stolen_gateway_credentials_speak_only_for_that_sites_devices(
+    tmp_path: Path, files: str
+) -> None:
     port = free_port()
-    p = provision(tmp_path, f"mqtt://127.0.0.1:{port}", ["cam-01"])
-    provision_dynsec(["cam-09"], dynsec_file=p.cloud)  # a device that talks to the cloud
     gateway = f"tandem-gateway-{SITE}"
-    stolen = option(p.bridge.read_text(), "remote_password")
+    site = BrokerFiles(dynsec_file=tmp_path / "site.json")
+    if files == "dynsec":
+        needs_plugin()
+        cloud = BrokerFiles(dynsec_file=tmp_path / "cloud.json")
+        assert cloud.dynsec_file is not None
+        services = provision_dynsec(["hub", "cdn", "cam-09"], dynsec_file=cloud.dynsec_file)
+    else:
+        cloud = BrokerFiles(passwd_file=tmp_path / "cloud.passwd", acl_file=tmp_path / "cloud.acl")
+        assert cloud.passwd_file is not None and cloud.acl_file is not None
+        services = provision_users(
+            ["hub", "cdn", "cam-09"], passwd_file=cloud.passwd_file, acl_file=cloud.acl_file
+        )
+    provision_gateway(  # cam-09 talks to the cloud directly; cam-01 is the site's
+        SITE,
+        ["cam-01"],
+        cloud_url=f"mqtt://127.0.0.1:{port}",
+        bridge_file=tmp_path / "bridge.conf",
+        site_files=site,
+        cloud_files=cloud,
+    )
+    stolen = option((tmp_path / "bridge.conf").read_text(), "remote_password")
+    pw = services.passwords
     with ExitStack() as stack:
-        broker = cloud_broker(tmp_path, port, p.cloud).start()
-        stack.callback(broker.stop)
-        cdn = connect(broker.url, "cdn", p.passwords["cdn"], "tandem-cdn-test")
-        hub = connect(broker.url, "hub", p.passwords["hub"], "tandem-hub-test")
+        if cloud.dynsec_file is not None:
+            broker = cloud_broker(tmp_path, port, cloud.dynsec_file)
+        else:
+            broker = MosquittoProcess(
+                tmp_path,
+                port=port,
+                password_file=cloud.passwd_file,
+                extra_config=f"acl_file {cloud.acl_file}\n",
+            )
+        stack.callback(broker.start().stop)
+        cdn = connect(broker.url, "cdn", pw["cdn"], "tandem-cdn-test")
+        hub = connect(broker.url, "hub", pw["hub"], "tandem-hub-test")
         thief = connect(broker.url, gateway, stolen, gateway)
         for client in (cdn, hub, thief):
             stack.callback(client.loop_stop)
