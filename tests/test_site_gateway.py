@@ -5,7 +5,7 @@ real Mosquittos from the files that ``tandem fleet provision --gateway``
 writes: a cloud broker (the dynamic-security plugin), a site broker bridged
 to it, a hub, edge agents at the site and the CDN's fleet link. The uplink
 cut runs the site in a network namespace of its own (``_site_net``) and
-takes its end of the uplink down.
+takes its end of the uplink down, and restarts the site broker in the outage.
 """
 
 from __future__ import annotations
@@ -728,8 +728,14 @@ def test_uplink_cut_devices_answer_locally_and_queued_reports_reach_the_fleet_on
         heard_before_cut = len(fleet.heard())
         assert net.uplink_connections(cloud_port) == 2  # one connection, seen from both ends
         cut = ride_out_the_cut(net, cloud_port, agents, reporters, x)
-        restored_at = time.time()
+        gateway.stop()  # and a power cut at the site, the uplink still down: the queue is on disk
+        gateway.start()
+        for device, agent in agents.items():
+            assert agent.uplink is not None and agent.uplink.wait_connected(30)
+            cut.answers.append(agent.infer(x, deadline_ms=200))
+            cut.reports.append(sent(reporters[device]))
         in_the_cut = retained_assignment(gateway, "cam-03", p.passwords["cam-03"])
+        restored_at = time.time()
         assert len(fleet.heard()) == heard_before_cut  # nothing crossed a cut uplink
         net.restore()
 
