@@ -40,9 +40,10 @@ GatewayOption = Annotated[
     typer.Option(
         "--gateway",
         metavar="SITE",
-        help="The devices connect to SITE's own broker, bridged to the cloud broker: the "
-        "site files above are that broker's; also write the bridge and the gateway's "
-        "credentials on the cloud broker (docs/site-gateways.md).",
+        help="The devices connect to SITE's own broker, bridged to the cloud broker: "
+        "--dynsec-file (or --passwd-file and --acl-file) are that broker's; the bridge and "
+        "the gateway's credentials on the cloud broker are written too "
+        "(docs/site-gateways.md).",
         show_default=False,
         rich_help_panel=_PANEL,
     ),

@@ -157,7 +157,7 @@ def fleet_provision(
     the gateway's credentials on the cloud broker are written too:
 
         tandem fleet provision cam-01 cam-02 --gateway plant-a \\
-            --dynsec-file site-a/dynsec.json --bridge-file site-a/bridge.conf \\
+            --dynsec-file plant-a/dynsec.json --bridge-file plant-a/bridge.conf \\
             --cloud-broker mqtts://cloud.example:8883 \\
             --cloud-dynsec-file /etc/mosquitto/tandem-dynsec.json
 
