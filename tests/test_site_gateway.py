@@ -10,6 +10,7 @@ in the outage.
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -329,7 +330,10 @@ def test_uplink_cut_devices_answer_locally_and_queued_reports_reach_the_fleet_on
     devices = ["cam-01", "cam-02"]
     with ExitStack() as stack:
         stack.callback(net.close)
-        net.create()
+        try:
+            net.create()
+        except subprocess.CalledProcessError as e:  # root without CAP_NET_ADMIN, say
+            pytest.skip(f"network namespaces are not usable here: {e.stderr!r:.200}")
         cloud_port, site_port = free_port(), free_port()
         fast_uplink = BridgeOptions(keepalive_s=2, restart_base_s=1, restart_cap_s=2)
         p = provision(
