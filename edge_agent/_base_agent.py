@@ -8,11 +8,14 @@ httpx's Client/AsyncClient do.
 
 Invariants: every valid call returns an ``InferenceResult`` (the only error
 for a valid request is ``NoAnswerError``, when the model is not on the device
-and the cloud failed); the wait for the cloud ends early enough to run the
-local model within the deadline when it has not run yet (its predicted time
-is reserved); the cloud answer wins when it arrives in time; a timeout, a
-lost broker, an open circuit breaker or an ``overloaded`` reply yields the
-local answer marked ``edge-fallback``.
+and the cloud failed); an invalid one raises ``InvalidInputError`` naming
+the problem, before anything runs (names, dtype, shape, size, an empty
+batch, NaN or infinity unless ``allow_non_finite``), or, with no local model
+to check it, when the hub refuses it for what it carries; the wait for the
+cloud ends early enough to run the local model within the deadline when it
+has not run yet (its predicted time is reserved); the cloud answer wins when
+it arrives in time; a timeout, a lost broker, an open circuit breaker or an
+``overloaded`` reply yields the local answer marked ``edge-fallback``.
 
 Why the local answer stood in for the cloud's is a ``FallbackReason`` (see
 ``_outcome``); one try of the cloud ends in a typed ``CloudOutcome``.
@@ -50,10 +53,19 @@ import numpy as np
 from shared import Limits, Message, MqttSettings, Topics, TransferOptions
 
 from ._breaker import CircuitBreaker
-from ._errors import InvalidInputError, NoAnswerError
+from ._cloud_probe import CloudProbe
+from ._errors import EdgeError, InvalidInputError, NoAnswerError
 from ._estimator import LatencyEstimator, NetworkEstimator
 from ._inflight import InflightCounter
-from ._outcome import CloudAnswer, CloudOutcome, Fallback, FallbackReason, hub_unavailable
+from ._input_values import check_values
+from ._outcome import (
+    CloudAnswer,
+    CloudOutcome,
+    Fallback,
+    FallbackReason,
+    blames_input,
+    hub_unavailable,
+)
 from ._policy import Decision, OffloadPolicy, RequestFacts
 from ._report import AgentMetrics
 from ._result import InferenceResult, LatencyBreakdown, Source
@@ -119,6 +131,7 @@ class BaseAgent:
         safety_margin_ms: float = 1.0,
         latency_window: int = 1024,
         labels: Mapping[str, str] | None = None,
+        allow_non_finite: bool = False,
     ) -> None:
         self.labels = check_labels(labels)  # reported in telemetry, e.g. {"site": "factory-a"}
         self._latency_window = latency_window
@@ -130,7 +143,10 @@ class BaseAgent:
         if default_deadline_ms <= 0:
             raise ValueError("default_deadline_ms must be positive")
         self.device_id = device_id
+        # Without cloud_model the hub is asked for the edge model's name; the probe sent on
+        # connect says so in one line if the hub serves no such model.
         self.cloud_model = cloud_model or (self.runtime.name if self.runtime else "")
+        self.allow_non_finite = allow_non_finite  # NaN/inf inputs pass (models that take them)
         self.cloud_version = cloud_version
         self.input_name = input_name
         self.default_deadline_ms = default_deadline_ms
@@ -161,6 +177,18 @@ class BaseAgent:
             self.uplink = MqttUplink(
                 settings, device_id=device_id, topics=topics, transfer=transfer, limits=limits
             )
+            self.cloud_probe: CloudProbe | None = CloudProbe(
+                self.uplink,
+                self.breaker,
+                model=self.cloud_model,
+                version=cloud_version,
+                id_prefix=self._id_prefix,
+                defaulted=cloud_model is None,
+            )
+            self.uplink.on_connected = self.cloud_probe.send
+            self.uplink.on_late_reply = self._late_reply
+        else:
+            self.cloud_probe = None
 
     @property
     def runtime(self) -> ModelRuntime | None:
@@ -202,6 +230,7 @@ class BaseAgent:
             named = runtime.validate_array(inputs)
         else:
             named = runtime.validate(self._name_inputs(inputs, runtime))
+        check_values(named, allow_non_finite=self.allow_non_finite)
         if deadline_ms is None:
             deadline = self.default_deadline_ms
         else:
@@ -273,6 +302,8 @@ class BaseAgent:
         if self.uplink is None:
             return Fallback(FallbackReason.NO_UPLINK)
         if not self.breaker.allow():
+            if self.cloud_probe is not None:
+                self.cloud_probe.on_breaker_open()
             return Fallback(FallbackReason.BREAKER_OPEN)
         reserve = self.safety_margin_ms
         if call.local_outputs is None:
@@ -306,7 +337,7 @@ class BaseAgent:
         """The result for a hub reply, or why the local answer must do when it is an error."""
         if not reply.ok:
             if hub_unavailable(reply.error):
-                self.breaker.record_failure()
+                self.breaker.record_failure(answered=True)
             else:  # the hub is up but cannot take this request
                 self.breaker.record_success()
                 log.warning(
@@ -315,7 +346,7 @@ class BaseAgent:
                     reply.error,
                     reply.error_message,
                 )
-            return Fallback(FallbackReason.for_error(reply.error))
+            return Fallback(FallbackReason.for_error(reply.error), reply.error_message)
         self.breaker.record_success()
         total_ms = call.elapsed_ms()
         timing = reply.reply_timing
@@ -347,9 +378,46 @@ class BaseAgent:
         latency = LatencyBreakdown(total_ms=call.elapsed_ms(), local_ms=call.local_ms)
         return self._finish(call, call.local_outputs, Source.EDGE_FALLBACK, reason, latency)
 
-    def _no_answer(self, reason: FallbackReason) -> NoAnswerError:
+    def _no_answer(self, outcome: Fallback) -> EdgeError:
+        """The error for a call with no local model whose cloud try failed."""
+        reason, detail = outcome.reason, outcome.detail
+        if blames_input(reason):  # the input's fault, which only the hub could check
+            return InvalidInputError(
+                f"the hub refused the input for model {self.cloud_model!r}: "
+                f"{detail or reason.cause}"
+            )
+        if reason is FallbackReason.UNKNOWN_MODEL:
+            return NoAnswerError(
+                f"model {self.cloud_model!r} is not on this device and the hub does not serve "
+                f"it ({detail or reason}); check cloud_model="
+            )
         return NoAnswerError(
-            f"model {self.cloud_model!r} is not on this device and the cloud failed ({reason})"
+            f"model {self.cloud_model!r} is not on this device and the cloud failed ({reason}"
+            + (f": {detail})" if detail else ")")
+        )
+
+    def _late_reply(self, reply: Message) -> None:
+        """A hub reply that came after its request gave up: the hub is there again."""
+        if reply.ok:
+            self.breaker.probe_now()
+
+    def _uplink_started(self) -> None:
+        """One line when ``start`` returns without a broker: what happens meanwhile."""
+        uplink = self.uplink
+        if uplink is None or uplink.connected:
+            return
+        if self.runtime is not None:
+            meanwhile = (
+                "answering locally meanwhile: requests that want the cloud get the local "
+                "answer (fallback:broker_unavailable)"
+            )
+        else:
+            meanwhile = "no local model, so requests raise NoAnswerError until it connects"
+        log.warning(
+            "broker %s %s; %s; retrying in the background",
+            uplink.settings.url,
+            uplink.connect_problem or "not connected yet",
+            meanwhile,
         )
 
     def _edge_result(self, call: Call, reason: str) -> InferenceResult:

@@ -28,6 +28,7 @@ __all__ = [
     "CloudOutcome",
     "Fallback",
     "FallbackReason",
+    "blames_input",
     "hub_unavailable",
 ]
 
@@ -90,9 +91,26 @@ class CloudAnswer:
 
 @dataclass(frozen=True, slots=True)
 class Fallback:
-    """The cloud did not answer usefully: the local answer stands, for ``reason``."""
+    """The cloud did not answer usefully: the local answer stands, for ``reason``.
+
+    ``detail``: the hub's own error message when it answered with an error.
+    """
 
     reason: FallbackReason
+    detail: str = ""
+
+
+# Hub errors that blame the request, not the cloud: with no local model to stand in,
+# the caller gets them as ``InvalidInputError`` rather than "the cloud failed".
+_BLAMES_INPUT = frozenset({ErrorCode.INVALID_INPUT, ErrorCode.BAD_REQUEST, ErrorCode.TOO_LARGE})
+
+
+def blames_input(reason: FallbackReason) -> bool:
+    """Whether the hub refused this request for what it carried (shape, dtype, size)."""
+    return reason.cause in _BLAMES_INPUT_CAUSES
+
+
+_BLAMES_INPUT_CAUSES = frozenset(code.value for code in _BLAMES_INPUT)
 
 
 CloudOutcome: TypeAlias = CloudAnswer | Fallback
