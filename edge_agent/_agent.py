@@ -90,7 +90,8 @@ class EdgeAgent(BaseAgent):
         if isinstance(wait_ms, Fallback):
             return wait_ms
         try:
-            reply = self._send(call, wait_ms).result(timeout=wait_ms / 1000.0)
+            future = self._send(call, wait_ms)
+            reply = future.result(timeout=self._wait_left_s(call))
         except (TimeoutError, UplinkError) as e:
             return self._cloud_failed(call, e)
         return self._cloud_answered(call, reply, decision.reason)
@@ -166,7 +167,7 @@ class AsyncEdgeAgent(BaseAgent):
             return wait_ms
         try:
             future = self._send(call, wait_ms)
-            reply = await asyncio.wait_for(asyncio.wrap_future(future), wait_ms / 1000.0)
+            reply = await asyncio.wait_for(asyncio.wrap_future(future), self._wait_left_s(call))
         except (TimeoutError, UplinkError) as e:
             return self._cloud_failed(call, e)
         return self._cloud_answered(call, reply, decision.reason)

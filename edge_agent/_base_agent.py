@@ -13,7 +13,8 @@ the problem, before anything runs (names, dtype, shape, size, an empty
 batch, NaN or infinity unless ``allow_non_finite``), or, with no local model
 to check it, when the hub refuses it for what it carries; the wait for the
 cloud ends early enough to run the local model within the deadline when it
-has not run yet (its predicted time is reserved); the cloud answer wins when
+has not run yet (a slow run's time and how late waits wake are reserved,
+see ``_cloud_wait_ms``); the cloud answer wins when
 it arrives in time; a timeout, a lost broker, an open circuit breaker or an
 ``overloaded`` reply yields the local answer marked ``edge-fallback``.
 
@@ -55,7 +56,7 @@ from shared import Limits, Message, MqttSettings, Topics, TransferOptions
 from ._breaker import CircuitBreaker
 from ._cloud_probe import CloudProbe
 from ._errors import EdgeError, InvalidInputError, NoAnswerError
-from ._estimator import LatencyEstimator, NetworkEstimator
+from ._estimator import LatencyEstimator, NetworkEstimator, RecentHigh
 from ._inflight import InflightCounter
 from ._input_values import check_values
 from ._outcome import (
@@ -95,6 +96,7 @@ class Call:
     local_outputs: dict[str, np.ndarray] | None = None
     local_ms: float = 0.0
     score: float | None = None
+    wake_at: float = 0.0  # perf_counter time at which the wait for the cloud must end
 
     def elapsed_ms(self) -> float:
         return (_now() - self.started) * 1000.0
@@ -158,6 +160,9 @@ class BaseAgent:
         self.policy = policy
         self.breaker = breaker or CircuitBreaker()
         self.local_estimator = local_estimator or LatencyEstimator()
+        # How much later than asked a wait for the cloud returned (ms): the thread must be
+        # scheduled again and take the GIL, which on a busy device costs milliseconds.
+        self.wake_lateness_ms = RecentHigh(window=64, quantile=1.0)
         self.network_estimator = network_estimator or NetworkEstimator()
         # Answered calls by (source, reason, deadline met): one increment per call; the
         # totals ``stats`` reports are summed when read.
@@ -298,20 +303,38 @@ class BaseAgent:
         self.local_estimator.observe(local_ms)
 
     def _cloud_wait_ms(self, call: Call) -> float | Fallback:
-        """How long the cloud may take, or why it must not be tried now."""
+        """How long the cloud may take, or why it must not be tried now; sets ``wake_at``.
+
+        Held back from the deadline: the safety margin, how late recent waits
+        woke up (the most of the last 64: a late wake-up means a busy device,
+        which lasts), and, when the local model has not run yet, a slow local
+        run (the 97th percentile of recent ones, not the average: the run after
+        a wait is often slower, and a fallback that ends late breaks its
+        deadline).
+        """
         if self.uplink is None:
             return Fallback(FallbackReason.NO_UPLINK)
         if not self.breaker.allow():
             if self.cloud_probe is not None:
                 self.cloud_probe.on_breaker_open()
             return Fallback(FallbackReason.BREAKER_OPEN)
-        reserve = self.safety_margin_ms
+        reserve = self.safety_margin_ms + self.wake_lateness_ms.get()
         if call.local_outputs is None:
-            reserve += self.local_estimator.predict_ms(self._local_inflight.value)
-        wait_ms = call.deadline_ms - call.elapsed_ms() - reserve
+            reserve += self.local_estimator.predict_high_ms(self._local_inflight.value)
+        now = _now()
+        wait_ms = call.deadline_ms - (now - call.started) * 1000.0 - reserve
         if wait_ms <= 0:
             return Fallback(FallbackReason.NO_TIME)
+        call.wake_at = now + wait_ms / 1000.0
         return wait_ms
+
+    def _wait_left_s(self, call: Call) -> float:
+        """Seconds left to wait once the request is out (sending took some of ``wait_ms``)."""
+        return max(0.0, call.wake_at - _now())
+
+    def _woke(self, call: Call) -> None:
+        """A wait for the cloud ran out: learn how late this thread got back."""
+        self.wake_lateness_ms.observe(max(0.0, (_now() - call.wake_at) * 1000.0))
 
     def _send(self, call: Call, wait_ms: float) -> Future[Message]:
         assert self.uplink is not None
@@ -328,6 +351,8 @@ class BaseAgent:
         return future
 
     def _cloud_failed(self, call: Call, error: BaseException) -> Fallback:
+        if isinstance(error, TimeoutError):
+            self._woke(call)
         if self.uplink is not None:
             self.uplink.forget(call.request_id)
         self.breaker.record_failure()
