@@ -293,7 +293,9 @@ class BaseAgent:
         uncertain = policy.uncertain
         if uncertain is None:
             return policy.after(None)  # no score: call.score stays None
-        decision = policy.after(uncertain.scores(call.local_outputs))
+        decision = policy.after(
+            uncertain.scores(call.local_outputs, call.inputs if uncertain.uses_inputs else None)
+        )
         call.score = decision.score
         return decision
 
@@ -539,17 +541,12 @@ class BaseAgent:
             raise ValueError("calibration needs a local model")
         named = self._name_inputs(samples, runtime)
         n = next(iter(named.values())).shape[0]
-        outputs = []
+        batches = []
         for start in range(0, n, batch_size):
             chunk = {k: v[start : start + batch_size] for k, v in named.items()}
-            outputs.append(runtime.run(chunk))
-        return self.policy.calibrate(_per_row(outputs))
-
-
-def _per_row(batches: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
-    """Calibration scores per request: each row of each batch is one request."""
-    rows: list[np.ndarray] = []
-    for out in batches:
-        first = next(iter(out.values()))
-        rows.extend(first[i : i + 1] for i in range(first.shape[0]))
-    return rows
+            batches.append(runtime.run(chunk))
+        # One row per request: the outputs of every batch, stacked, score row by row.
+        outputs = {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
+        uncertain = self.policy.uncertain
+        inputs = named if uncertain is not None and uncertain.uses_inputs else None
+        return self.policy.calibrate(outputs, inputs=inputs)
