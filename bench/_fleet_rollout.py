@@ -133,7 +133,7 @@ def fleet_rollout(
 def _one_rollout(
     work: Path, db: Path, store: Path, key: SigningKey, key_file: Path, model: str
 ) -> dict[str, Any]:
-    from model_cdn.simulator import FleetSimulator, SimulatorConfig
+    from tandem.simulator import FleetSimulator, SimulatorConfig
 
     with contextlib.ExitStack() as stack:
         broker = stack.enter_context(BrokerProcess(work).start())

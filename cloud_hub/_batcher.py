@@ -59,7 +59,14 @@ from ._errors import (
     OverloadedError,
 )
 from ._metrics import BatcherMetrics
-from ._queue import PendingRequest, RequestQueue, Take, check_inputs, split_outputs, stack_inputs
+from ._queue import (
+    InputChecker,
+    PendingRequest,
+    RequestQueue,
+    Take,
+    split_outputs,
+    stack_inputs,
+)
 from .executors import Executor
 
 __all__ = ["DynamicBatcher", "InferenceResult", "ResultFuture"]
@@ -100,15 +107,23 @@ class DynamicBatcher:
         max_queue_size: int = 1024,
         model: str = "model",
         version: str = "1",
+        allow_non_finite: bool = False,
     ) -> None:
         if not inputs:
             raise ValueError("a batcher needs the model's input specs to check requests")
+        self.allow_non_finite = allow_non_finite
         self.executor = executor
         self.inputs = tuple(inputs)
         self.model = model
         self.version = version
         self.max_batch_size = max_batch_size
         self.metrics = BatcherMetrics()
+        self._check = InputChecker(
+            self.inputs,
+            max_batch_size=max_batch_size,
+            model=model,
+            allow_non_finite=allow_non_finite,
+        )
         self._queue = RequestQueue(
             max_batch_size=max_batch_size,
             max_queue_delay_s=max_queue_delay_ms / 1000.0,
@@ -184,9 +199,7 @@ class DynamicBatcher:
         after ``stop``. Thread-safe.
         """
         try:
-            checked, rows, key = check_inputs(
-                inputs, self.inputs, max_batch_size=self.max_batch_size, model=self.model
-            )
+            checked, rows, key = self._check(inputs)
         except InvalidRequestError:
             self.metrics.count("rejected_invalid")
             raise

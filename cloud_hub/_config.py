@@ -10,7 +10,8 @@ Every key is optional::
      "outputs": [{"name": "logits", "datatype": "FP32", "dims": [10]}],
      "default_version": null,                  # default: the highest version directory
      "instance_group": [{"count": 1, "kind": "KIND_AUTO", "gpus": [0]}],
-     "optimization": {"fp16": false}}          # ONNX on CUDA: run in half precision
+     "optimization": {"fp16": false},          # ONNX on CUDA: run in half precision
+     "allow_non_finite": false}                # accept NaN and inf in float inputs
 
 ``dims`` exclude the batch dimension when ``max_batch_size > 0`` (as in
 Triton); ``-1`` (or ``null``) is a dimension of any size. ``ModelConfig``
@@ -65,6 +66,7 @@ _KEYS = frozenset(
         "default_version",
         "instance_group",
         "optimization",
+        "allow_non_finite",
     }
 )
 KINDS = ("KIND_AUTO", "KIND_CPU", "KIND_GPU")
@@ -148,6 +150,7 @@ class ModelConfig:
     default_version: int | None = None
     instance_group: tuple[InstanceGroup, ...] = ()
     fp16: bool = False  # optimization.fp16: ONNX models on CUDA compute in half precision
+    allow_non_finite: bool = False  # NaN/inf in float inputs are refused unless this is set
     source: str = field(default="<config>", compare=False)  # where it came from, for messages
 
     def __post_init__(self) -> None:
@@ -159,6 +162,8 @@ class ModelConfig:
         _check_int(self.max_batch_size, f"{src}: max_batch_size", minimum=0, optional=True)
         _check_int(self.max_queue_size, f"{src}: max_queue_size", minimum=1)
         _check_int(self.default_version, f"{src}: default_version", minimum=0, optional=True)
+        if not isinstance(self.allow_non_finite, bool):
+            raise ModelConfigError(f"{src}: allow_non_finite: must be true or false")
         delay = self.max_queue_delay_ms
         if (
             not isinstance(delay, int | float)

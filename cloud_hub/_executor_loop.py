@@ -66,6 +66,7 @@ def model_info(served: ServedModel, *, instance: int = 0) -> ModelInfo:
         extra={
             "max_queue_size": config.max_queue_size,
             "max_queue_delay_ms": config.max_queue_delay_ms,
+            "allow_non_finite": config.allow_non_finite,
         },
     )
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from ._errors import HubError, ModelNotFoundError, OverloadedError, RequestTooLargeError
 from ._link import DEFAULT_RING_BYTES, ExecutorLink, LinkClosedError, ModelInfo
-from ._queue import check_inputs
+from ._queue import InputChecker
 from ._records import ReplyRecord
 
 __all__ = ["ExecutorPool", "ReplyCallback"]
@@ -87,6 +87,7 @@ class ExecutorPool:
         self._by_link = {i.link: i for group in self._instances.values() for i in group}
         self._inflight: dict[int, tuple[_Instance, ModelInfo, ReplyCallback]] = {}
         self._keys = itertools.count(1)
+        self._checkers: dict[tuple[str, str], InputChecker] = {}
         self._selector = selectors.DefaultSelector()
         self._registered: set[ExecutorLink] = set()
         self._lock = threading.Lock()  # connect/close against submit's choice of a link
@@ -135,9 +136,7 @@ class ExecutorPool:
         Raises ``HubError`` instead of calling ``done`` when it is refused at once.
         """
         info = self.info(model, version)
-        _, rows, _ = check_inputs(
-            inputs, info.inputs, max_batch_size=info.max_batch_size, model=model
-        )
+        _, rows, _ = self._checker(info)(inputs)
         tensors = [(i, inputs[spec.name]) for i, spec in enumerate(info.inputs)]
         instance = self._pick(model)
         key = next(self._keys)
@@ -156,6 +155,19 @@ class ExecutorPool:
             raise OverloadedError(
                 f"model {model!r}: too many bytes in flight in this hub; try again later"
             )
+
+    def _checker(self, info: ModelInfo) -> InputChecker:
+        """The input checker of the model as served now (a new version gets a new one)."""
+        checker = self._checkers.get((info.model, info.version))
+        if checker is None or checker.specs != info.inputs:
+            checker = InputChecker(
+                info.inputs,
+                max_batch_size=info.max_batch_size,
+                model=info.model,
+                allow_non_finite=bool(info.extra.get("allow_non_finite", False)),
+            )
+            self._checkers[(info.model, info.version)] = checker
+        return checker
 
     def _pick(self, model: str) -> _Instance:
         connected = [i for i in self._instances[model] if i.link.connected]

@@ -4,16 +4,28 @@ One executor process serves one model instance and listens on a Unix socket
 (abstract namespace: no file to clean up). Each ingress process connects,
 creates two rings (``_ring``) and sends their file descriptors in its hello:
 it writes requests into one, the executor writes replies into the other.
-From then on the socket carries only positions, 16 bytes a message::
+From then on the socket carries only positions, 24 bytes a message::
 
     u64 my ring's head (records exist up to here)   u64 your ring's ack
+    u64 the head of yours I have read up to ("seen")
 
-so a message both announces records and frees the peer's space. Positions
-only grow, so a message that cannot be sent now (a full socket buffer) is
-not lost: the next one carries a later position, and ``flush`` retries when
-the socket is writable again. Either side closing the socket ends the link:
-the executor forgets the ingress's queued requests, the ingress fails the
-requests it sent (``LinkClosedError``) and connects again later.
+so a message announces records, frees the peer's space and says how far the
+peer's announcements were taken. Positions only grow, so a message that
+cannot be sent now (a full socket buffer) is not lost: the next one carries
+a later position, and ``flush`` retries when the socket is writable again.
+
+Announcements are coalesced: an ingress announces new requests only when
+the executor has seen its previous announcement (``seen >= announced``);
+requests written meanwhile wait for the executor's next message (it sends
+one after every read: with its replies, or alone), whose ``seen`` lets the
+ingress announce all of them at once. Under load that is one message per
+batch instead of one per request; idle, the first request is announced at
+once. Whoever moves ``head`` or ``seen`` checks, under the link's lock,
+whether an announcement is owed, so none is lost.
+
+Either side closing the socket ends the link: the executor forgets the
+ingress's queued requests, the ingress fails the requests it sent
+(``LinkClosedError``) and connects again later.
 
 The hellos (JSON, one message each; nothing else is parsed from text)::
 
@@ -70,7 +82,7 @@ __all__ = [
 ]
 
 DEFAULT_RING_BYTES = 128 * 1024 * 1024  # virtual; resident only while in use
-_POSITIONS = struct.Struct("<QQ")
+_POSITIONS = struct.Struct("<QQQ")
 _HELLO_BYTES = 64 * 1024
 _ACK_EVERY = 8  # besides with replies, ack when this fraction of a ring is freed
 
@@ -146,18 +158,18 @@ class _Channel:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def send(self, head: int, ack: int) -> None:
+    def send(self, head: int, ack: int, seen: int) -> None:
         try:
-            self.sock.send(_POSITIONS.pack(head, ack))
+            self.sock.send(_POSITIONS.pack(head, ack, seen))
             self.dirty = False
         except BlockingIOError:
             self.dirty = True  # ``flush`` sends the latest positions when writable
         except OSError:
             self.closed = True
 
-    def receive(self) -> tuple[int, int] | None:
-        """The highest (head, ack) in every waiting message; None if none; raises on EOF."""
-        head = ack = -1
+    def receive(self) -> tuple[int, int, int] | None:
+        """The highest (head, ack, seen) of the waiting messages; None if none; raises on EOF."""
+        head = ack = seen = -1
         while True:
             try:
                 data = self.sock.recv(64)
@@ -172,9 +184,9 @@ class _Channel:
             if len(data) != _POSITIONS.size:
                 self.closed = True
                 raise LinkClosedError(f"bad link message of {len(data)} bytes")
-            h, a = _POSITIONS.unpack(data)
-            head, ack = max(head, h), max(ack, a)
-        return None if head < 0 else (head, ack)
+            h, a, n = _POSITIONS.unpack(data)
+            head, ack, seen = max(head, h), max(ack, a), max(seen, n)
+        return None if head < 0 else (head, ack, seen)
 
     def close(self) -> None:
         self.closed = True
@@ -212,6 +224,8 @@ class ExecutorLink:
         self._reader: RingReader | None = None
         self._lock = threading.Lock()
         self._sent_ack = 0
+        self._announced = 0  # the request head last sent to the executor
+        self._seen = 0  # how far the executor says it took our announcements
 
     @property
     def connected(self) -> bool:
@@ -246,7 +260,7 @@ class ExecutorLink:
                 os.close(fd)  # the mappings (and the executor's) keep the rings alive
         with self._lock:
             self._channel, self._writer, self._reader = _Channel(sock), writer, reader
-            self._sent_ack = 0
+            self._sent_ack = self._announced = self._seen = 0
             self.info = info
         return info
 
@@ -284,10 +298,16 @@ class ExecutorLink:
                 write_request(view, key, deadline, arrival, rows, prepared)
             finally:
                 view.release()
-            head = writer.commit(REQUEST)
-            self._sent_ack = reader.acked
-            channel.send(head, reader.acked)
+            writer.commit(REQUEST)
+            self._announce_if_owed(channel, writer, reader)
         return True
+
+    def _announce_if_owed(self, channel: _Channel, writer: RingWriter, reader: RingReader) -> None:
+        """Send the head when there is news and the last announcement was taken (lock held)."""
+        if writer.head > self._announced and self._seen >= self._announced:
+            self._announced = writer.head
+            self._sent_ack = reader.acked
+            channel.send(writer.head, reader.acked, reader.head)
 
     def on_readable(self) -> None:
         """Take the executor's messages; hand every new reply to ``on_reply``.
@@ -300,9 +320,11 @@ class ExecutorLink:
         positions = channel.receive()
         if positions is None:
             return
-        head, ack = positions
+        head, ack, seen = positions
         with self._lock:
             writer.ack(max(writer.acked, min(ack, writer.head)))
+            self._seen = max(self._seen, seen)
+            self._announce_if_owed(channel, writer, reader)
         reader.announce(head)
         for tag, view in reader.records():
             if tag == REPLY:
@@ -317,7 +339,8 @@ class ExecutorLink:
         with self._lock:
             channel, writer, reader = self._channel, self._writer, self._reader
             if channel is not None and writer is not None and reader is not None and channel.dirty:
-                channel.send(writer.head, reader.acked)
+                self._announced = writer.head
+                channel.send(writer.head, reader.acked, reader.head)
 
     def _ack_if_due(self) -> None:
         reader = self._reader
@@ -327,7 +350,8 @@ class ExecutorLink:
             channel, writer = self._channel, self._writer
             if channel is not None and writer is not None:
                 self._sent_ack = reader.acked
-                channel.send(writer.head, reader.acked)
+                self._announced = writer.head  # any message announces the head too
+                channel.send(writer.head, reader.acked, reader.head)
 
     def close(self) -> None:
         with self._lock:
@@ -414,7 +438,7 @@ class IngressPeer:
         self._replies = replies
         self.ingress_id = ingress_id
         self._backlog: deque[_Pending] = deque()  # replies waiting for room in the ring
-        self._sent = (0, 0)
+        self._sent = (0, 0, 0)
 
     def fileno(self) -> int:
         return self._channel.fileno()
@@ -427,7 +451,7 @@ class IngressPeer:
         """Every request announced so far (tensors copied out of the ring)."""
         positions = self._channel.receive()
         if positions is not None:
-            head, ack = positions
+            head, ack, _seen = positions
             self._replies.ack(max(self._replies.acked, min(ack, self._replies.head)))
             self._requests.announce(head)
             self._drain_backlog()
@@ -495,8 +519,12 @@ class IngressPeer:
             self._backlog.popleft()
 
     def flush(self) -> None:
-        """Send positions if anything changed since the last message (or one is owed)."""
-        now = (self._replies.head, self._requests.acked)
+        """Send positions if anything changed since the last message (or one is owed).
+
+        ``seen``, the request head read up to, changes after every read: the ingress
+        waits for it to announce the requests it wrote meanwhile.
+        """
+        now = (self._replies.head, self._requests.acked, self._requests.head)
         if now != self._sent or self._channel.dirty:
             self._sent = now
             self._channel.send(*now)

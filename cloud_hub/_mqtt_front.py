@@ -21,12 +21,20 @@ with its ``ErrorCode`` when the frame names a reply topic
 is logged and dropped. Replies are built with ``Message.reply`` from the
 request (``ReplyTarget.request``), with a ``shared.ReplyTiming``.
 
-The subscription is ``topics.infer_filter(share_group)``: a shared
-subscription (``$share/hubs/...``) spreads requests over hub replicas and
-ingress processes, each delivered to one; ``share_group=None`` subscribes
-plainly, for brokers without shared subscriptions. The session subscribes
-again on every connection. On MQTT 5 a reply also carries a message expiry
-equal to the time left, and the request's correlation data when it had some.
+Requests come on each device's own topic, ``{prefix}/dev/{device}/infer/{model}``
+(``topics.device_infer_filter``), which only that device may publish to (the
+broker's ACL); the reply goes to that device's reply topic, derived from the
+request topic: whatever reply address the request names is ignored, so one
+device cannot have replies sent to another. With ``legacy_topics`` (the
+default for one migration release) the hub also takes the first layout,
+``{prefix}/infer/{model}``, answered where the request says (within
+``reply_topic_allowed``). A retained request is never acted on: it is a
+replay, not a device waiting. The subscriptions are shared (``$share/hubs/...``)
+so requests spread over hub replicas and ingress processes, each delivered
+to one; ``share_group=None`` subscribes plainly, for brokers without shared
+subscriptions. The session subscribes again on every connection. On MQTT 5
+a reply also carries a message expiry equal to the time left, and the
+request's correlation data when it had some.
 
 ``on_reply`` (optional) hears of every reply just before it is published, on
 the thread that publishes it, so metrics count a request by what its device
@@ -49,6 +57,7 @@ from shared import (
     Message,
     MqttSession,
     ReplyTiming,
+    RequestTopic,
     Topics,
     decode_message,
     encode_message,
@@ -62,6 +71,8 @@ from ._wire import ReplyTarget, reply_topic_allowed, salvage_target
 __all__ = ["MqttFront", "ReplyObserver"]
 
 log = logging.getLogger(__name__)
+
+_TOPIC_CACHE = 10_000  # request topics remembered parsed (a few per device)
 
 
 class ReplyObserver(Protocol):
@@ -90,18 +101,22 @@ class MqttFront:
         share_group: str | None = "hubs",
         limits: Limits | None = None,
         on_reply: ReplyObserver | None = None,
+        legacy_topics: bool = True,
     ) -> None:
         self.backend = backend
         self.session = session
         self.topics = topics or Topics()
         self.limits = limits or Limits()
-        self.subscription = self.topics.infer_filter(share_group)
+        self.subscriptions = [self.topics.device_infer_filter(share_group)]
+        if legacy_topics:
+            self.subscriptions.append(self.topics.infer_filter(share_group))
         self._on_reply = on_reply
         self._paused = False
         # One Counter per counting thread (the session's, each replying thread), summed by
         # ``stats``: a shared lock here would be taken twice per request by two threads.
         self._local = threading.local()
         self._counters: list[Counter[str]] = []
+        self._topic_cache: dict[str, RequestTopic] = {}  # parsed request topics, by topic
         session.on_message = self._handle
 
     @property
@@ -116,18 +131,19 @@ class MqttFront:
         With ``wait_s``, wait until the subscription is granted and raise
         ``BrokerError`` (after cleaning up) if it is not within that time.
         """
-        self.session.subscribe(self.subscription, qos=1)
+        for subscription in self.subscriptions:
+            self.session.subscribe(subscription, qos=1)
         self.session.start()
         log.info(
             "hub %s connecting to %s, subscribing to %s",
             self.session.client_id,
             self.session.settings.url,
-            self.subscription,
+            " and ".join(self.subscriptions),
         )
         if wait_s is not None and not self.session.subscribed.wait(wait_s):
             self.session.stop(timeout_s=1.0)
             raise BrokerError(
-                f"no subscription to {self.subscription} on {self.session.settings.url} "
+                f"no subscription to {self.subscriptions} on {self.session.settings.url} "
                 f"within {wait_s}s (broker down, credentials refused, or shared subscriptions "
                 "unsupported?)"
             )
@@ -136,7 +152,8 @@ class MqttFront:
     def pause(self) -> None:
         """Stop taking new requests (unsubscribe) while replies keep flowing."""
         self._paused = True
-        self.session.unsubscribe(self.subscription)
+        for subscription in self.subscriptions:
+            self.session.unsubscribe(subscription)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Unsubscribe, wait for the acks of the replies sent, then disconnect.
@@ -168,7 +185,21 @@ class MqttFront:
         received = time.monotonic()
         self._count("received")
         topic, payload = message.topic, message.payload
-        topic_model = self.topics.model_from_infer_topic(topic)
+        if message.retain:  # a replay of an old request, not a device waiting: never act on it
+            self._drop(f"retained request on {topic} ignored")
+            return
+        where = self._topic_cache.get(topic)
+        if where is None:
+            where = self.topics.parse_request_topic(topic)
+            if len(self._topic_cache) >= _TOPIC_CACHE:  # devices come and go: start over
+                self._topic_cache.clear()
+            if where is not None:
+                self._topic_cache[topic] = where
+        if where is None:
+            self._drop(f"message on {topic}, which is no request topic")
+            return
+        # A device's own topic fixes where the answer goes; the first layout trusts the frame.
+        own_reply = None if where.device is None else self.topics.reply(where.device)
         try:
             request = decode_message(payload, self.limits)
         except Exception as e:  # ProtocolError family; anything else is still the frame's fault
@@ -176,26 +207,33 @@ class MqttFront:
                 payload,
                 limits=self.limits,
                 topics=self.topics,
-                topic_model=topic_model,
+                topic_model=where.model,
                 received=received,
                 response_topic=message.response_topic,
                 correlation_data=message.correlation_data,
+                reply_to=own_reply,
             )
             self._reject(target, e, topic)
             return
         if request.kind != "request":
             self._drop(f"a {request.kind} on request topic {topic}")
             return
-        reply_to = request.reply_to or message.response_topic
+        reply_to = own_reply or request.reply_to or message.response_topic
         if not reply_topic_allowed(reply_to, self.topics):
             self._drop(f"request {request.request_id} on {topic}: no usable reply topic")
             return
         assert reply_to is not None
         target = ReplyTarget.of(request, reply_to, received, message.correlation_data)
-        if topic_model != request.model:
+        error: HubError | None = None
+        if where.model != request.model:
             error = BadRequestError(
                 f"header names model {request.model!r} but it came on topic {topic}"
             )
+        elif where.device is not None and request.device_id not in (None, where.device):
+            error = BadRequestError(
+                f"header names device {request.device_id!r} but it came on {where.device}'s topic"
+            )
+        if error is not None:
             self._reject(target, error, topic)
             return
         tensors, request.tensors = request.tensors, {}  # the target keeps the header only

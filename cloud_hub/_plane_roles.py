@@ -122,6 +122,7 @@ def run_mqtt_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
         share_group=spec.share_group,
         limits=Limits(),
         on_reply=functools.partial(recorder.record, "mqtt"),
+        legacy_topics=spec.legacy_topics,
     )
     stopping = threading.Event()
     _on_stop_signals(stopping.set)
@@ -161,6 +162,7 @@ def run_http_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
         ServedHub(PoolBackend(pool), sink, Limits()),
         api_keys=guard,
         max_json_bytes=spec.max_json_bytes,
+        max_inflight_bytes=spec.max_inflight_bytes,
     )
     tls = TlsSettings.from_files(
         ca_certs=spec.tls_client_ca, certfile=spec.tls_cert, keyfile=spec.tls_key

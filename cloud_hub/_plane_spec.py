@@ -46,6 +46,7 @@ class PlaneSpec:
     broker: str | None = None  # the URL as given, credentials included
     share_group: str | None = "hubs"
     prefix: str = "tandem/v1"
+    legacy_topics: bool = True  # also take requests on <prefix>/infer/<model>
     mqtt_ca: str | None = None
     mqtt_cert: str | None = None
     mqtt_key: str | None = None
@@ -57,7 +58,8 @@ class PlaneSpec:
     tls_key: str | None = None
     tls_client_ca: str | None = None
     ring_bytes: int = DEFAULT_RING_BYTES
-    max_json_bytes: int = 8 * 1024 * 1024
+    max_json_bytes: int = 16 * 1024 * 1024
+    max_inflight_bytes: int = 256 * 1024 * 1024  # per HTTP ingress process
     log_level: str = "info"
     log_format: str = "text"
     parent_pid: int = 0

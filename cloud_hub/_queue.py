@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -40,6 +40,7 @@ from shared import TensorError, TensorSpec, datatype_of, shape_compatible
 from ._errors import InvalidRequestError, OverloadedError, RequestTooLargeError
 
 __all__ = [
+    "InputChecker",
     "PendingRequest",
     "RequestQueue",
     "Take",
@@ -148,18 +149,92 @@ class RequestQueue:
         return result
 
 
+def _non_finite(array: np.ndarray) -> int:
+    """How many NaN or infinite values ``array`` holds (0 for non-float arrays)."""
+    if array.dtype.kind != "f":
+        return 0
+    finite = np.isfinite(array)
+    return 0 if finite.all() else int(array.size - np.count_nonzero(finite))
+
+
+class InputChecker:
+    """``check_inputs`` for one model, remembering the input signatures it accepted.
+
+    A request whose inputs have the names, dtypes and shapes of one accepted
+    before gets the same answer without the structural checks (they depend on
+    nothing else); the values (NaN and inf) are checked every time. At most
+    ``max_signatures`` are remembered.
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[TensorSpec],
+        *,
+        max_batch_size: int,
+        model: str = "model",
+        allow_non_finite: bool = False,
+        max_signatures: int = 256,
+    ) -> None:
+        self.specs = tuple(specs)
+        self.max_batch_size = max_batch_size
+        self.model = model
+        self.allow_non_finite = allow_non_finite
+        self.max_signatures = max_signatures
+        self._accepted: dict[tuple[Any, ...], tuple[int, ShapeKey]] = {}
+
+    def __call__(self, inputs: Mapping[str, object]) -> tuple[dict[str, np.ndarray], int, ShapeKey]:
+        signature = _signature(inputs)
+        known = self._accepted.get(signature) if signature is not None else None
+        if known is None:
+            checked, rows, key = check_inputs(
+                inputs,
+                self.specs,
+                max_batch_size=self.max_batch_size,
+                model=self.model,
+                allow_non_finite=self.allow_non_finite,
+            )
+            if signature is not None and len(self._accepted) < self.max_signatures:
+                self._accepted[signature] = (rows, key)
+            return checked, rows, key
+        checked = dict(inputs)  # type: ignore[arg-type]  # the signature says: all ndarrays
+        if not self.allow_non_finite:
+            for name, array in checked.items():
+                if _non_finite(array):
+                    _raise_non_finite(name, self.model, _non_finite(array))
+        return checked, known[0], known[1]
+
+
+def _signature(inputs: Mapping[str, object]) -> tuple[Any, ...] | None:
+    parts: list[Any] = []
+    for name, array in inputs.items():
+        if type(array) is not np.ndarray:
+            return None
+        parts.append((name, array.dtype, array.shape))
+    return tuple(parts)
+
+
+def _raise_non_finite(name: str, model: str, bad: int) -> NoReturn:
+    raise InvalidRequestError(
+        f"input {name!r} of model {model!r} holds {bad} NaN or infinite value(s); the model "
+        "allows finite numbers only (config: allow_non_finite)"
+    )
+
+
 def check_inputs(
     inputs: Mapping[str, object],
     specs: Sequence[TensorSpec],
     *,
     max_batch_size: int,
     model: str = "model",
+    allow_non_finite: bool = False,
 ) -> tuple[dict[str, np.ndarray], int, ShapeKey]:
     """Check a request against the model's inputs; return (inputs, rows, shape key).
 
     With ``max_batch_size > 0`` each array is ``[n, *dims]`` with the same
-    n >= 1 for all inputs, and n <= ``max_batch_size``. Raises
-    ``InvalidRequestError`` (or ``RequestTooLargeError``) naming what is off.
+    n >= 1 for all inputs, and n <= ``max_batch_size``. Floating-point inputs
+    must be finite (NaN and inf are what a broken sensor or a bad cast send, and
+    a model answers them with confident nonsense) unless ``allow_non_finite``.
+    Raises ``InvalidRequestError`` (or ``RequestTooLargeError``) naming what is off.
     """
     batched = max_batch_size > 0
     expected = {s.name: s for s in specs}
@@ -196,6 +271,8 @@ def check_inputs(
                 f"input {spec.name!r} of model {model!r} must have shape "
                 f"{_shape_text(spec, batched)}, got {list(array.shape)}"
             )
+        if not allow_non_finite and (bad := _non_finite(array)):
+            _raise_non_finite(spec.name, model, bad)
         if batched:
             rows.add(array.shape[0])
             key.append(tuple(array.shape[1:]))

@@ -249,6 +249,7 @@ class Hub:
             max_queue_size=config.max_queue_size,
             model=served.name,
             version=served.version,
+            allow_non_finite=config.allow_non_finite,
         ).start()
         with self._lock:
             old = self._batchers.get(served.name)

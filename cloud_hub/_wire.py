@@ -86,7 +86,7 @@ def reply_topic_allowed(topic: object, topics: Topics) -> bool:
         and "#" not in topic
         and "\0" not in topic
         and not topic.startswith("$")
-        and not topic.startswith(f"{topics.prefix}/infer/")
+        and topics.parse_request_topic(topic) is None  # never onto a request topic: a loop
     )
 
 
@@ -99,12 +99,14 @@ def salvage_target(
     received: float,
     response_topic: str | None = None,
     correlation_data: bytes | None = None,
+    reply_to: str | None = None,
 ) -> ReplyTarget | None:
     """A reply target read from a frame that does not decode, or ``None`` if there is none.
 
     The header is read with the frame-size limit lifted to the frame's own
     length (the bytes are already in memory), so an oversized frame can still
-    be answered ``too_large``; the header-size limit still holds.
+    be answered ``too_large``; the header-size limit still holds. ``reply_to``
+    (a device's own reply topic, from its request topic) wins over the frame's.
     """
     relaxed = dataclasses.replace(limits, max_frame_bytes=max(len(payload), limits.max_frame_bytes))
     try:
@@ -114,7 +116,8 @@ def salvage_target(
     if header.get("kind", "request") != "request":
         return None
     request_id = header.get("id")
-    reply_to = header.get("reply_to", response_topic)
+    if reply_to is None:  # the first topic layout: the frame says where to answer
+        reply_to = header.get("reply_to", response_topic)
     if not (isinstance(request_id, str) and 0 < len(request_id) <= 128):
         return None
     if not reply_topic_allowed(reply_to, topics):

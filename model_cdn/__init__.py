@@ -10,6 +10,7 @@
   then published retained over MQTT); ``make_assignment`` signs one.
   ``publish_assignment`` is deprecated.
 - ``create_app``: the HTTP API devices download from (``model_cdn.http``).
+- ``AdminClient``: the admin API from elsewhere (publish, assign, rollouts, fleet).
 - ``CdnError`` and its subclasses: the exception tree is drawn in ``_errors``.
 
 Light to import: the HTTP server (FastAPI) and the publish pipeline (onnx,
@@ -22,9 +23,10 @@ from __future__ import annotations
 import importlib as _importlib
 import typing as _typing
 
-from ._admin_client import AdminApiError
+from ._admin_client import AdminClient
 from ._assign import make_assignment, publish_assignment
 from ._errors import (
+    AdminApiError,
     AssignmentNotPublishedError,
     AuthDenied,
     AuthError,
@@ -59,6 +61,7 @@ if _typing.TYPE_CHECKING:
 
 __all__ = [
     "AdminApiError",
+    "AdminClient",
     "AssignResult",
     "AssignmentLink",
     "AssignmentNotPublishedError",

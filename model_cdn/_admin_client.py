@@ -1,21 +1,23 @@
-"""A small client for the CDN's rollout and fleet admin API (what ``tandem rollout`` uses).
+"""A small client for the CDN's admin API: publishing, assignments, rollouts, the fleet.
 
-Standard library only (``http.client``), one connection per request, JSON in
-and out. Every failure is an ``AdminApiError`` with a one-line message:
+What ``tandem rollout``, ``tandem fleet list/show`` and, given ``--cdn``,
+``tandem models publish/assign`` use; the publish pipeline's
+``AdminApiTarget`` sends a release through it. Standard library only
+(``http.client``), one connection per request, JSON in and out (blobs as
+raw bytes); URLs from ``shared.CdnPaths``. Every failure is an
+``AdminApiError`` with a one-line message:
 
 - the server answered with an error: ``status`` is the HTTP status and the
   message is the server's ``{"error": "…"}`` text;
 - the server could not be reached, TLS failed or the answer was not JSON:
   ``status`` is None and the message says so (``cannot reach the CDN at URL: …``).
 
-Exceptions::
-
-    model_cdn.CdnError
-    └── AdminApiError   the admin API refused the request or could not be reached
+Its one exception, ``AdminApiError``, hangs in the tree drawn in ``_errors``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import math
@@ -23,22 +25,16 @@ import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import urlencode, urlsplit
 
-from ._errors import CdnError
+from shared import MAX_BLOB_BYTES, MAX_DOCUMENT_BYTES, CdnPaths
+
+from ._errors import AdminApiError
 
 __all__ = ["DEFAULT_CDN_URL", "AdminApiError", "AdminClient"]
 
 DEFAULT_CDN_URL = "http://127.0.0.1:8700"
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024  # a fleet listing of many thousand devices fits
-
-
-class AdminApiError(CdnError):
-    """The admin API refused the request (``status`` set) or could not be reached (None)."""
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        super().__init__(" ".join(str(message).split()) or "unknown error")
-        self.status = status
 
 
 class AdminClient:
@@ -76,7 +72,7 @@ class AdminClient:
         self._https = parts.scheme == "https"
         self._host = parts.hostname
         self._port = port
-        self._base = parts.path.rstrip("/")
+        self._paths = CdnPaths(parts.path)
         self._token = token
         self._timeout_s = float(timeout_s)
         self._ssl: ssl.SSLContext | None = None
@@ -89,15 +85,15 @@ class AdminClient:
     # -- rollouts ------------------------------------------------------------
 
     def start_rollout(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """POST /v1/rollouts; returns the new rollout's status object."""
-        return self._object("POST", "/v1/rollouts", body=dict(body))
+        """Start a rollout (``body`` as the rollout API takes it); its status object."""
+        return self._object("POST", self._paths.rollouts(), body=dict(body))
 
     def list_rollouts(self) -> list[dict[str, Any]]:
         """Every rollout's status object, newest first."""
-        return self._list("GET", "/v1/rollouts", "rollouts")
+        return self._list("GET", self._paths.rollouts(), "rollouts")
 
     def get_rollout(self, rollout_id: str) -> dict[str, Any]:
-        return self._object("GET", f"/v1/rollouts/{_segment(rollout_id)}")
+        return self._object("GET", self._paths.rollout(_text(rollout_id)))
 
     def pause(self, rollout_id: str) -> dict[str, Any]:
         return self._command(rollout_id, "pause")
@@ -125,16 +121,55 @@ class AdminClient:
             query.append(("model", model))
         if version is not None:
             query.append(("version", str(version)))
-        path = "/v1/devices" + (f"?{urlencode(query)}" if query else "")
+        path = self._paths.devices() + (f"?{urlencode(query)}" if query else "")
         return self._list("GET", path, "devices")
 
     def get_device(self, device: str) -> dict[str, Any]:
-        return self._object("GET", f"/v1/devices/{_segment(device)}")
+        return self._object("GET", self._paths.device(device))
+
+    # -- publishing and assignments --------------------------------------------
+
+    def latest_manifest(self, name: str) -> dict[str, Any] | None:
+        """The latest signed manifest of ``name`` as the CDN serves it; None: no such model."""
+        try:
+            return self._object("GET", self._paths.manifest(name))
+        except AdminApiError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def get_blob(self, digest: str, size: int) -> bytes:
+        """Blob ``digest``: exactly ``size`` bytes that hash to it, else ``AdminApiError``."""
+        path = self._paths.blob(digest)
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= MAX_BLOB_BYTES:
+            raise ValueError(f"a blob size is 1 to {MAX_BLOB_BYTES} bytes, got {size!r:.20}")
+        status, reason, raw = self._exchange("GET", path, None, "application/octet-stream", size)
+        if not 200 <= status < 300:
+            raise AdminApiError(_refusal(raw, status, reason, path), status=status)
+        if len(raw) != size or "sha256:" + hashlib.sha256(raw).hexdigest() != digest:
+            raise AdminApiError(f"the CDN at {self.url} sent blob {digest} damaged or cut short")
+        return raw
+
+    def put_blob(self, digest: str, data: bytes) -> dict[str, Any]:
+        """Upload a blob under its digest (needs ``models:publish``); the server checks it."""
+        return self._object("PUT", self._paths.blob(digest), body=bytes(data))
+
+    def add_version(self, name: str, signed_manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Register a signed manifest whose blobs are uploaded (needs ``models:publish``)."""
+        return self._object("POST", self._paths.versions(name), body=dict(signed_manifest))
+
+    def put_assignment(
+        self, device: str, model: str, signed_assignment: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Assign (needs ``rollout:admin``): the CDN checks and stores the signed
+        assignment and, with a broker, publishes it retained; ``published`` says which."""
+        path = self._paths.assignment(device, model)
+        return self._object("PUT", path, body=dict(signed_assignment))
 
     # -- transport -----------------------------------------------------------
 
     def _command(self, rollout_id: str, action: str) -> dict[str, Any]:
-        return self._object("POST", f"/v1/rollouts/{_segment(rollout_id)}/{action}")
+        return self._object("POST", self._paths.rollout_command(_text(rollout_id), action))
 
     def _object(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
         answer = self._request(method, path, body)
@@ -149,33 +184,14 @@ class AdminClient:
         return items
 
     def _request(self, method: str, path: str, body: Any = None) -> Any:
-        headers = {"Accept": "application/json", "User-Agent": "tandem-admin"}
-        data = None
-        if body is not None:
+        """JSON in (bytes: sent as they are), JSON out; a refusal raises ``AdminApiError``."""
+        data: bytes | None = None
+        content_type = "application/json"
+        if isinstance(body, bytes):
+            data, content_type = body, "application/octet-stream"
+        elif body is not None:
             data = json.dumps(body, allow_nan=False).encode()
-            headers["Content-Type"] = "application/json"
-        if self._token is not None:
-            headers["Authorization"] = f"Bearer {self._token}"
-        connection: http.client.HTTPConnection
-        if self._https:
-            connection = http.client.HTTPSConnection(
-                self._host, self._port, timeout=self._timeout_s, context=self._ssl
-            )
-        else:
-            connection = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout_s)
-        try:
-            connection.request(method, self._base + path, body=data, headers=headers)
-            response = connection.getresponse()
-            raw = response.read(MAX_RESPONSE_BYTES + 1)
-            status, reason = response.status, response.reason
-        except ssl.SSLError as e:  # before OSError: it is one
-            raise AdminApiError(f"TLS with the CDN at {self.url} failed: {_why(e)}") from e
-        except (OSError, http.client.HTTPException) as e:
-            raise AdminApiError(f"cannot reach the CDN at {self.url}: {_why(e)}") from e
-        finally:
-            connection.close()
-        if len(raw) > MAX_RESPONSE_BYTES:
-            raise AdminApiError(f"the CDN at {self.url} answered with more than 64 MiB")
+        status, reason, raw = self._exchange(method, path, data, content_type, MAX_RESPONSE_BYTES)
         try:
             answer = json.loads(raw) if raw else None
         except (UnicodeDecodeError, json.JSONDecodeError):
@@ -188,19 +204,63 @@ class AdminClient:
                 ) from None
         if 200 <= status < 300:
             return answer
-        message = answer.get("error") if isinstance(answer, dict) else None
-        if not isinstance(message, str) or not message.strip():
-            message = f"HTTP {status} {reason}".strip()
-            if status == 404 and path.startswith("/v1/rollouts"):
-                message += " (does this CDN run the rollout controller?)"
-        raise AdminApiError(message, status=status)
+        raise AdminApiError(_refusal(raw, status, reason, path), status=status)
+
+    def _exchange(
+        self, method: str, path: str, data: bytes | None, content_type: str, limit: int
+    ) -> tuple[int, str, bytes]:
+        """One request: (status, reason, body of at most ``limit`` bytes)."""
+        headers = {"Accept": "application/json", "User-Agent": "tandem-admin"}
+        if data is not None:
+            headers["Content-Type"] = content_type
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token}"
+        connection: http.client.HTTPConnection
+        if self._https:
+            connection = http.client.HTTPSConnection(
+                self._host, self._port, timeout=self._timeout_s, context=self._ssl
+            )
+        else:
+            connection = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout_s)
+        try:
+            connection.request(method, path, body=data, headers=headers)
+            response = connection.getresponse()
+            raw = response.read(limit + 1)
+            status, reason = response.status, response.reason
+        except ssl.SSLError as e:  # before OSError: it is one
+            raise AdminApiError(f"TLS with the CDN at {self.url} failed: {_why(e)}") from e
+        except (OSError, http.client.HTTPException) as e:
+            raise AdminApiError(f"cannot reach the CDN at {self.url}: {_why(e)}") from e
+        finally:
+            connection.close()
+        if len(raw) > limit:
+            raise AdminApiError(f"the CDN at {self.url} answered with more than {_size(limit)}")
+        return status, reason, raw
 
 
-def _segment(value: str) -> str:
-    """One path segment, percent-encoded so an id can never reach another route."""
+def _refusal(raw: bytes, status: int, reason: str, path: str) -> str:
+    """The server's ``{"error": "…"}`` line, or the status when it sent none."""
+    try:
+        answer = json.loads(raw[:MAX_DOCUMENT_BYTES]) if raw else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        answer = None
+    message = answer.get("error") if isinstance(answer, dict) else None
+    if isinstance(message, str) and message.strip():
+        return message
+    message = f"HTTP {status} {reason}".strip()
+    if status == 404 and CdnPaths().rollouts() in path:
+        message += " (does this CDN run the rollout controller?)"
+    return message
+
+
+def _size(limit: int) -> str:
+    return f"{limit // (1024 * 1024)} MiB" if limit >= 1024 * 1024 else f"{limit} bytes"
+
+
+def _text(value: str) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError("an id must be non-empty text")
-    return quote(value, safe="")
+    return value
 
 
 def _why(error: BaseException) -> str:

@@ -35,10 +35,9 @@ Exception tree (the HTTP status the CDN's API answers in brackets)::
         │   ├── AuthDenied (AuthError)     no, malformed or wrong credentials, a key without
         │   │                              the scope or over its rate [401, 403, 429]
         │   └── RangeNotSatisfiableError   a Range that starts past the end of a blob [416]
-        ├── AdminApiError                  (``_admin_client``) the admin API refused a
-        │                                  request or could not be reached
-        └── SimulatorError                 (``simulator``) the fleet simulator could not
-                                           start, or a wait for the fleet timed out
+        └── AdminApiError                  the admin API refused a request (``status``:
+                                           the HTTP status) or could not be reached (None);
+                                           raised by ``AdminClient``, the CDN's client
 
 A signed document that does not verify raises ``shared.ManifestError``
 (``SignatureError``, ``ExpiredError``) as it comes from ``shared``; the API
@@ -55,6 +54,7 @@ from __future__ import annotations
 from shared import TandemError
 
 __all__ = [
+    "AdminApiError",
     "AssignmentNotPublishedError",
     "AuthDenied",
     "AuthError",
@@ -179,3 +179,11 @@ class RangeNotSatisfiableError(HttpError):
             {"Content-Range": f"bytes */{size}"},
         )
         self.size = size
+
+
+class AdminApiError(CdnError):
+    """The admin API refused the request (``status`` set) or could not be reached (None)."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(" ".join(str(message).split()) or "unknown error")
+        self.status = status

@@ -1,7 +1,9 @@
 """Mosquitto credentials and topic ACLs for a Tandem fleet.
 
 Pure functions render the two files Mosquitto reads, ``password_file`` and
-``acl_file``; ``write_private_file`` is the one function that touches disk.
+``acl_file``; ``write_private_file`` is the one function that touches disk,
+and ``provision_users`` (what ``tandem fleet provision`` calls) puts them
+together: fresh passwords for some users, the others kept, the ACL rewritten.
 
 Who may do what (``{p}`` is the topic prefix, ``%u`` the connecting username)::
 
@@ -40,18 +42,22 @@ import os
 import secrets
 import tempfile
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from shared import ConfigError, Topics, validate_name
 
 __all__ = [
     "DEFAULT_ITERATIONS",
+    "Provisioning",
     "check_device_names",
     "generate_password",
     "merge_password_file",
     "mosquitto_password_hash",
     "password_file_users",
     "password_line",
+    "provision_users",
+    "provisioning_acl",
     "render_acl_file",
     "verify_mosquitto_password",
     "write_private_file",
@@ -233,3 +239,64 @@ def write_private_file(path: Path, text: str) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+@dataclass(frozen=True)
+class Provisioning:
+    """What ``provision_users`` did."""
+
+    passwords: dict[str, str]  # user -> the new password, shown once
+    rotated: frozenset[str]  # the users who had a password before
+
+    def secrets_text(self) -> str:
+        """``user password`` lines, as ``--password-out`` holds them."""
+        return "".join(f"{user} {password}\n" for user, password in self.passwords.items())
+
+
+def provisioning_acl(
+    users: Iterable[str], *, prefix: str = "tandem/v1", hub_user: str = "hub", cdn_user: str = "cdn"
+) -> str:
+    """The ACL file for a fleet, after checking the users to provision (devices, or the
+    hub and CDN users by name); ``ConfigError`` for a bad name or one given twice."""
+    names = list(users)
+    acl = render_acl_file(prefix, hub_user=hub_user, cdn_user=cdn_user)
+    services = {hub_user, cdn_user}
+    check_device_names(
+        [n for n in names if n not in services], hub_user=hub_user, cdn_user=cdn_user
+    )
+    if len(set(names)) != len(names):
+        raise ConfigError("a name is given twice")
+    return acl
+
+
+def provision_users(
+    users: Iterable[str],
+    *,
+    passwd_file: Path,
+    acl_file: Path,
+    prefix: str = "tandem/v1",
+    hub_user: str = "hub",
+    cdn_user: str = "cdn",
+    password_out: Path | None = None,
+) -> Provisioning:
+    """Give ``users`` fresh passwords in ``passwd_file`` (every other user keeps theirs)
+    and rewrite ``acl_file``; with ``password_out`` the new passwords go there first.
+
+    Nothing is written when a name is wrong (``ConfigError``); the passwords are
+    written before the password file, so a failure never loses one.
+    """
+    names = list(users)
+    acl = provisioning_acl(names, prefix=prefix, hub_user=hub_user, cdn_user=cdn_user)
+    existing = passwd_file.read_text(encoding="utf-8") if passwd_file.exists() else ""
+    known = set(password_file_users(existing))
+    done = Provisioning(
+        {user: generate_password() for user in names}, frozenset(n for n in names if n in known)
+    )
+    merged = merge_password_file(
+        existing, (password_line(user, pw) for user, pw in done.passwords.items())
+    )
+    if password_out is not None:
+        write_private_file(password_out, done.secrets_text())
+    write_private_file(passwd_file, merged)
+    write_private_file(acl_file, acl)
+    return done

@@ -77,7 +77,7 @@ from ._tensors import (
     numpy_dtype,
     shape_compatible,
 )
-from ._topics import NAME_PATTERN, Topics, validate_name
+from ._topics import NAME_PATTERN, RequestTopic, Topics, validate_name
 
 __all__ = [
     "API_KEY_SCOPES",
@@ -119,6 +119,7 @@ __all__ = [
     "PublishHandle",
     "RateLimitedError",
     "ReplyTiming",
+    "RequestTopic",
     "ScopeError",
     "SignatureError",
     "SigningKey",

@@ -2,7 +2,11 @@
 
 All topics hang under one prefix (default ``tandem/v1``)::
 
-    {prefix}/infer/{model}             requests; hubs subscribe $share/{group}/{prefix}/infer/+
+    {prefix}/dev/{device}/infer/{model}  requests of one device (publishable by it alone);
+                                         hubs subscribe $share/{group}/{prefix}/dev/+/infer/+
+                                         and answer on that device's reply topic
+    {prefix}/infer/{model}             requests, the first layout (kept for a migration
+                                         release: the reply goes where the request says)
     {prefix}/dev/{device}/reply        replies for one device
     {prefix}/dev/{device}/assign       retained: model versions the device should run
     {prefix}/dev/{device}/status       update and health reports
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 
 from ._errors import ConfigError
 
-__all__ = ["NAME_PATTERN", "Topics", "validate_name"]
+__all__ = ["NAME_PATTERN", "RequestTopic", "Topics", "validate_name"]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _MAX_PREFIX = 256  # characters; MQTT allows 65535 bytes per topic, brokers often far fewer
@@ -34,6 +38,14 @@ def validate_name(value: object, what: str = "name") -> str:
             "starting with a letter or digit"
         )
     return value
+
+
+@dataclass(frozen=True)
+class RequestTopic:
+    """What a request topic says: the model, and the device (``None``: the first layout)."""
+
+    model: str
+    device: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,33 @@ class Topics:
         if share_group is None:
             return topic
         return f"$share/{validate_name(share_group, 'share group')}/{topic}"
+
+    def device_infer(self, device: str, model: str) -> str:
+        """The request topic of one device for ``model`` (the layout hubs answer safely)."""
+        return self._device(device, f"infer/{validate_name(model, 'model name')}")
+
+    def device_infer_filter(self, share_group: str | None = None) -> str:
+        """The hubs' subscription to every device's requests (shared when a group is given)."""
+        topic = f"{self.prefix}/dev/+/infer/+"
+        if share_group is None:
+            return topic
+        return f"$share/{validate_name(share_group, 'share group')}/{topic}"
+
+    def parse_request_topic(self, topic: str) -> RequestTopic | None:
+        """The model (and device) a request topic names, in either layout; None if neither."""
+        model = self.model_from_infer_topic(topic)
+        if model is not None:
+            return RequestTopic(model)
+        head = f"{self.prefix}/dev/"
+        if not topic.startswith(head):
+            return None
+        parts = topic[len(head) :].split("/")
+        if len(parts) != 3 or parts[1] != "infer":
+            return None
+        device, _, model = parts
+        if not (NAME_PATTERN.fullmatch(device) and NAME_PATTERN.fullmatch(model)):
+            return None
+        return RequestTopic(model, device)
 
     def model_from_infer_topic(self, topic: str) -> str | None:
         """The model named by a request topic, or ``None`` if it is not one."""

@@ -29,7 +29,6 @@ import pytest
 from typer.testing import CliRunner
 
 from model_cdn import LocalBlobStore, create_app, make_assignment, open_registry
-from model_cdn.simulator import FleetSimulator, FleetSnapshot, SimulatorConfig, SimulatorError
 from shared import (
     ConfigError,
     DeviceReport,
@@ -40,6 +39,7 @@ from shared import (
     UpdateStatus,
     create_client,
 )
+from tandem.simulator import FleetSimulator, FleetSnapshot, SimulatorConfig, SimulatorError
 
 from ._brokers import MosquittoProcess
 from ._cdn import make_manifest_doc, serve_in_thread
@@ -386,7 +386,7 @@ def test_telemetry_parses_and_reflects_the_version_and_disagreement(
         for device in devices:
             report = latest(device, 1)
             assert report is not None
-            assert report.model == MODEL and report.capabilities == {"runtime": "simulated"}
+            assert report.model == MODEL and report.capabilities["runtime"] == "simulated"
             assert set(report.labels) == {"site", "hw", "line"} and report.labels["line"] == "7"
             assert report.agreement_samples == report.offloads <= report.requests
             assert report.p50_ms is not None and report.p99_ms is not None
@@ -426,7 +426,7 @@ def test_the_config_refuses_nonsense(broker: MosquittoProcess, cdn: Cdn, topics:
 def test_the_command_runs_a_fleet_for_a_while_and_exits_0(
     broker: MosquittoProcess, cdn: Cdn, topics: Topics, tmp_path: Path
 ) -> None:
-    from model_cdn._cli_simulate import fleet_simulate
+    from tandem.cli._fleet_simulate import fleet_simulate
 
     key_file = tmp_path / "publisher.pub"
     key_file.write_text(cdn.key.public_key.to_text())
@@ -452,7 +452,7 @@ def test_the_command_stops_cleanly_on_sigterm(
     key_file = tmp_path / "publisher.pub"
     key_file.write_text(cdn.key.public_key.to_text())
     code = (
-        "import typer; from model_cdn._cli_simulate import fleet_simulate; "
+        "import typer; from tandem.cli._fleet_simulate import fleet_simulate; "
         "typer.run(fleet_simulate)"
     )
     args = ["--trusted-key", str(key_file), "--cdn", cdn.url, "--model", MODEL, "--devices", "3"]

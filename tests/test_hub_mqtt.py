@@ -38,73 +38,14 @@ from shared import (
     Message,
     MqttSettings,
     Topics,
-    decode_message,
     encode_message,
-    new_request_id,
 )
 
 from ._brokers import free_port
 from ._models import linear_classifier_weights, write_linear_classifier
+from ._mqtt_device import WAIT_S, Device
 
 ROOT = Path(__file__).resolve().parents[1]
-WAIT_S = 15.0
-
-
-class Device:
-    """A bare paho client standing in for an edge device."""
-
-    def __init__(self, url: str, topics: Topics, *, protocol: int = mqtt.MQTTv5) -> None:
-        self.topics = topics
-        self.device_id = f"dev-{uuid.uuid4().hex[:8]}"
-        self.reply_topic = topics.reply(self.device_id)
-        self.replies: queue.Queue[tuple[Message, Any]] = queue.Queue()
-        self.subscribed = threading.Event()
-        settings = MqttSettings.from_url(url)
-        self.client = mqtt.Client(
-            callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
-            client_id=self.device_id,
-            protocol=protocol,
-        )
-        self.client.on_connect = lambda c, *_: c.subscribe(self.reply_topic, qos=1)
-        self.client.on_subscribe = lambda *_: self.subscribed.set()
-        self.client.on_message = self._on_message
-        self.client.reconnect_delay_set(1, 1)
-        self.client.connect(settings.host, settings.port)
-        self.client.loop_start()
-        assert self.subscribed.wait(WAIT_S), "the device could not subscribe"
-
-    def _on_message(self, _client: Any, _userdata: Any, message: Any) -> None:
-        self.replies.put((decode_message(message.payload), message.properties))
-
-    def request(self, model: str, tensors: dict[str, np.ndarray], **fields: Any) -> str:
-        fields.setdefault("reply_to", self.reply_topic)
-        message = Message(
-            kind="request",
-            request_id=new_request_id(),
-            model=model,
-            device_id=self.device_id,
-            tensors=tensors,
-            **fields,
-        )
-        self.publish(self.topics.infer(model), encode_message(message))
-        return message.request_id
-
-    def publish(self, topic: str, payload: bytes) -> None:
-        self.client.publish(topic, payload, qos=1).wait_for_publish(WAIT_S)
-
-    def reply(self, request_id: str | None = None) -> Message:
-        message, _ = self.reply_with_properties(request_id)
-        return message
-
-    def reply_with_properties(self, request_id: str | None = None) -> tuple[Message, Any]:
-        message, properties = self.replies.get(timeout=WAIT_S)
-        if request_id is not None:
-            assert message.request_id == request_id, "replies came out of order"
-        return message, properties
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
 
 
 def frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
@@ -212,6 +153,7 @@ def test_every_bad_request_gets_a_typed_error_and_the_hub_keeps_serving(
             {
                 "inputs": [{"name": "x", "datatype": "FP32", "dims": [16]}],
                 "outputs": [{"name": "y", "datatype": "FP32", "dims": [16]}],
+                "allow_non_finite": True,  # NaN reaches this model (which then fails)
             }
         ),
     )
@@ -304,6 +246,9 @@ def test_every_bad_request_gets_a_typed_error_and_the_hub_keeps_serving(
     )
     nan = np.full((1, 16), np.nan, np.float32)
     expect(ErrorCode.INTERNAL, "model exploded", device.request("flaky", {"x": nan}))
+    inf = x_rows(1)
+    inf[0, 3] = np.inf
+    expect(ErrorCode.INVALID_INPUT, "1 NaN or infinite", device.request("linear", {"x": inf}))
 
     x = x_rows(2)
     good = device.reply(device.request("linear", {"x": x}))
@@ -450,8 +395,19 @@ def child_pids(pid: int) -> list[int]:
     ]
 
 
+def wait_http_ready(port: int) -> None:
+    end = time.monotonic() + WAIT_S
+    while time.monotonic() < end:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"the hub's HTTP API on {port} never became ready")
+
+
 def mqtt_answers_counted(port: int) -> float:
-    """Requests the process serving HTTP answered over MQTT, from its /metrics."""
+    """Requests the hub answered over MQTT, from its /metrics (every process's)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=WAIT_S) as r:
         text = r.read().decode()
     return sum(
@@ -462,30 +418,16 @@ def mqtt_answers_counted(port: int) -> float:
 
 
 @pytest.mark.slow
-def test_hub_workers_split_the_requests_and_never_outlive_the_hub(
+def test_hub_processes_share_the_requests_count_them_all_and_never_outlive_the_hub(
     mosquitto, repo, topics, make_device, tmp_path
 ):
     device = make_device()
     port = free_port()
     command = [
-        sys.executable,
-        "-m",
-        "cloud_hub",
-        "--repo",
-        str(repo),
-        "--broker",
-        mosquitto.url,
-        "--prefix",
-        topics.prefix,
-        "--share-group",
-        f"g{uuid.uuid4().hex[:6]}",
-        "--log-level",
-        "warning",
-        "--http-port",
-        str(port),
-        "--workers",
-        "2",
-    ]
+        sys.executable, "-m", "cloud_hub", "--repo", str(repo), "--broker", mosquitto.url,
+        "--prefix", topics.prefix, "--share-group", f"g{uuid.uuid4().hex[:6]}",
+        "--log-level", "warning", "--http-port", str(port), "--workers", "2",
+    ]  # fmt: skip
 
     def start() -> subprocess.Popen[bytes]:
         log = (tmp_path / "hub.log").open("ab")
@@ -499,35 +441,36 @@ def test_hub_workers_split_the_requests_and_never_outlive_the_hub(
             time.sleep(0.05)
         return not Path(f"/proc/{pid}").exists()
 
-    def worker_of(hub: subprocess.Popen[bytes]) -> int:
-        end = time.monotonic() + WAIT_S  # it starts once the first process serves
-        while not child_pids(hub.pid) and time.monotonic() < end:
+    def processes_of(hub: subprocess.Popen[bytes]) -> list[int]:
+        end = time.monotonic() + WAIT_S  # the executor, 2 MQTT and 1 HTTP ingress
+        while len(child_pids(hub.pid)) < 4 and time.monotonic() < end:
             time.sleep(0.05)
-        (pid,) = child_pids(hub.pid)
-        return pid
+        pids = child_pids(hub.pid)
+        assert len(pids) == 4, pids
+        return pids
 
     hub = start()
     try:
         assert answered_eventually(device), (tmp_path / "hub.log").read_text()
-        worker = worker_of(hub)
-        # Once the worker has subscribed, the broker gives it a share of the requests:
-        # the first process (the one serving HTTP) then counts fewer than were answered.
-        answered, end = 0, time.monotonic() + WAIT_S
-        while mqtt_answers_counted(port) >= answered and time.monotonic() < end:
-            for _ in range(10):
-                assert device.reply(device.request("linear", {"x": x_rows()})).ok
-            answered += 10
-        assert 0 < mqtt_answers_counted(port) < answered
-        hub.send_signal(signal.SIGTERM)  # a clean stop takes the workers down with it
+        children = processes_of(hub)
+        wait_http_ready(port)  # the HTTP ingress starts last
+        before = mqtt_answers_counted(port)
+        for _ in range(40):
+            assert device.reply(device.request("linear", {"x": x_rows()})).ok
+        end = time.monotonic() + WAIT_S  # /metrics sums every process's count (dumped ~1/s)
+        while mqtt_answers_counted(port) - before < 40 and time.monotonic() < end:
+            time.sleep(0.1)
+        assert mqtt_answers_counted(port) - before == 40
+        hub.send_signal(signal.SIGTERM)  # a clean stop takes every process down with it
         assert hub.wait(WAIT_S) == 0
-        assert gone(worker)
+        assert all(gone(pid) for pid in children)
 
         hub = start()
         assert answered_eventually(device), (tmp_path / "hub.log").read_text()
-        worker = worker_of(hub)
-        hub.kill()  # no goodbye: the worker notices its parent is gone and stops
+        children = processes_of(hub)
+        hub.kill()  # no goodbye: the kernel tells each child its parent is gone
         hub.wait(WAIT_S)
-        assert gone(worker), "an orphaned hub worker kept running"
+        assert all(gone(pid) for pid in children), "an orphaned hub process kept running"
     finally:
         if hub.poll() is None:
             hub.kill()

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cloud_hub import InvalidRequestError, OverloadedError, RequestTooLargeError, TensorSpec
 from cloud_hub._queue import (
+    InputChecker,
     PendingRequest,
     RequestQueue,
     check_inputs,
@@ -197,3 +200,44 @@ def test_stack_then_split_gives_each_request_its_own_rows():
 def test_stacking_one_request_copies_nothing():
     only = pending(2)
     assert stack_inputs([only])["x"] is only.inputs["x"]
+
+
+def test_the_checker_remembers_shapes_never_values() -> None:
+    specs = (TensorSpec("x", "FP32", (16,)),)
+    checker = InputChecker(specs, max_batch_size=8, model="m")
+    good = np.zeros((2, 16), np.float32)
+    assert checker({"x": good})[1:] == check_inputs({"x": good}, specs, max_batch_size=8)[1:]
+    bad = good.copy()
+    bad[1, 3] = np.nan
+    with pytest.raises(InvalidRequestError, match="1 NaN"):  # same signature, checked values
+        checker({"x": bad})
+    huge = np.full((2, 16), 3e38, np.float32)  # finite, however large
+    assert checker({"x": huge})[1] == 2
+    with pytest.raises(InvalidRequestError):  # another signature: the full checks again
+        checker({"x": np.zeros((2, 15), np.float32)})
+    allowing = InputChecker(specs, max_batch_size=8, model="m", allow_non_finite=True)
+    assert allowing({"x": bad})[1] == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(1, 3), min_size=1, max_size=3),
+    st.sampled_from([np.float32, np.float64, np.int64]),
+    st.booleans(),
+)
+def test_the_checker_answers_as_check_inputs_does(shape: list[int], dtype: type, nan: bool) -> None:
+    specs = (TensorSpec("x", "FP32", (None, 2)),)
+    array = np.ones(shape, dtype)
+    if nan and array.dtype.kind == "f" and array.size:
+        array.flat[0] = np.nan
+    checker = InputChecker(specs, max_batch_size=2, model="m")
+    for _ in range(2):  # the second call may take the remembered path
+        try:
+            expected: object = check_inputs({"x": array}, specs, max_batch_size=2, model="m")[1:]
+        except Exception as e:  # the same error, or none
+            expected = (type(e), str(e))
+        try:
+            got: object = checker({"x": array})[1:]
+        except Exception as e:
+            got = (type(e), str(e))
+        assert got == expected

@@ -20,8 +20,8 @@ from cloud_hub import (
     ModelConfig,
     ModelNotFoundError,
 )
-from cloud_hub._cli import hub as hub_command
 from shared import ErrorCode, MqttSettings
+from tandem.cli.hub import hub as hub_command
 
 from ._brokers import free_port
 from ._models import linear_classifier_weights, write_linear_classifier
@@ -167,7 +167,7 @@ def cli():
 
 
 def test_the_help_teaches_the_layout_and_the_options():
-    result = CliRunner().invoke(cli(), ["--help"], terminal_width=200)
+    result = CliRunner().invoke(cli(), ["--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
     for text in ("--repo", "--broker", "--share-group", "--no-share", "--prefix", "model.onnx"):
         assert text in result.output

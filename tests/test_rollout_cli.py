@@ -204,7 +204,7 @@ def test_rollout_is_a_tandem_command_listing_its_subcommands(tmp_path: Path) -> 
 def test_odd_status_objects_render_without_crashing(status: dict[str, object]) -> None:
     from rich.console import Console
 
-    from model_cdn._cli_rollout_view import list_table, render_progress, render_status
+    from tandem.cli._rollout_view import list_table, render_progress, render_status
 
     out = io.StringIO()
     console = Console(file=out, width=120, markup=False, emoji=False)

@@ -23,8 +23,8 @@ import pytest
 from model_cdn import LocalBlobStore, create_app, open_registry
 from model_cdn.registry import Registry
 from model_cdn.rollout._service import FleetService
-from model_cdn.simulator import FleetSimulator, FleetSnapshot, SimulatorConfig
 from shared import MqttSettings, SigningKey, Topics
+from tandem.simulator import FleetSimulator, FleetSnapshot, SimulatorConfig
 
 from ._brokers import MosquittoProcess
 from ._cdn import make_manifest_doc, serve_in_thread

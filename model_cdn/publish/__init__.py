@@ -1,6 +1,8 @@
 """The publish pipeline: float model → quantized, validated, compressed, signed, registered.
 
-``publish_model`` does every step (see ``_pipeline``); ``load_samples`` reads
+``publish_model`` does every step (see ``_pipeline``) and hands the release
+to a target (``_targets``): ``AdminApiTarget`` (the CDN's admin API) or
+``LocalTarget`` (a registry and a store at hand); ``load_samples`` reads
 calibration and validation inputs from ``.npy``/``.npz`` files without ever
 unpickling. The steps are usable alone: ``export_torch`` (torch module to
 ONNX), ``quantize_model`` (ONNX Runtime's INT8 static/dynamic, FP16),
@@ -13,11 +15,17 @@ from ._pipeline import PublishResult, publish_model
 from ._quantize import METHODS, quantize_model
 from ._samples import load_samples
 from ._shrink import shrink_model
+from ._targets import AdminApiTarget, LatestVersion, LocalTarget, PublishTarget, Release
 from ._validate import agreement_report
 
 __all__ = [
     "METHODS",
+    "AdminApiTarget",
+    "LatestVersion",
+    "LocalTarget",
     "PublishResult",
+    "PublishTarget",
+    "Release",
     "agreement_report",
     "export_torch",
     "load_samples",

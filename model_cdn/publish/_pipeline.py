@@ -2,9 +2,10 @@
 
 Steps: float ONNX (a file, bytes, or a torch module exported here) →
 quantize → validate against the float model on held-out samples → compress
-(zstd) → store the blob → a delta from the previous version when smaller →
+(zstd) → a delta from the previous version when smaller →
 build the manifest (specs, requirements, sizes, the validation report, a
-smoke test) → sign it → register it.
+smoke test) → sign it → hand the release (signed manifest, blob, delta) to
+a target, which stores the blobs and registers the manifest.
 
 Invariants:
 
@@ -18,9 +19,12 @@ Invariants:
 - A delta is published only if it is smaller than the full blob and applying
   it here rebuilds the new model byte for byte; of the two delta methods
   (``DeltaRef.METHODS``) the smaller one is kept.
-- The version is checked against the registry before any work, and the
+- The version is checked against the target before any work, and the
   registry checks it again atomically when the manifest is added (a
   concurrent publisher loses with ``VersionConflictError``).
+- The pipeline makes artifacts only; one ``PublishTarget`` call stores and
+  registers them (``_targets``): the CDN's admin API, or a registry and a
+  store at hand, so both ways publish the same release.
 """
 
 from __future__ import annotations
@@ -52,19 +56,14 @@ from shared import (
     sign_document,
 )
 
-from .._errors import (
-    BlobNotFoundError,
-    InvalidNameError,
-    ModelNotFoundError,
-    PublishError,
-    VersionConflictError,
-)
-from ..registry._base import Registry, VersionRecord
+from .._errors import BlobNotFoundError, InvalidNameError, PublishError, VersionConflictError
+from ..registry._base import Registry
 from ..store._base import BlobStore
 from ._export import export_torch
 from ._quantize import METHODS, quantize_model, scheme_of
 from ._runner import OnnxModel, batches
 from ._smoke import pick_smoke_inputs, smoke_test, synthetic_inputs
+from ._targets import LatestVersion, LocalTarget, PublishTarget, Release
 from ._tflite import TFLiteModel, load_tflite
 from ._validate import agreement_report, check_agreement
 
@@ -89,9 +88,10 @@ def publish_model(
     source: Path | str | bytes | torch.nn.Module,
     *,
     name: str,
-    registry: Registry,
-    store: BlobStore,
     signing_key: SigningKey,
+    registry: Registry | None = None,
+    store: BlobStore | None = None,
+    target: PublishTarget | None = None,
     version: int | None = None,
     quantize: Literal["int8-static", "int8-dynamic", "fp16", "none"] = "int8-static",
     calibration: np.ndarray | None = None,
@@ -109,100 +109,155 @@ def publish_model(
     ``source`` is the float model: an ONNX file path, ONNX bytes or a
     ``torch.nn.Module``. ``format="tflite"`` publishes ``tflite_file`` (already
     converted) and validates it against ``source`` when a TFLite interpreter
-    is installed.
+    is installed. The release goes to ``target`` (``AdminApiTarget``: the
+    CDN's admin API), or to ``registry`` and ``store`` (``LocalTarget``).
     """
     step: Progress = progress or (lambda stage, fraction: None)
     _check_arguments(name, quantize, format, tflite_file, min_agreement, expires_in_days)
+    destination = _destination(target, registry, store)
     if format == "onnx" and quantize == "int8-static" and calibration is None:
         raise PublishError("int8-static quantization needs calibration inputs")
     if format == "onnx" and quantize != "none" and validation is None:
         raise PublishError(f"{quantize} needs validation inputs: agreement is the publish gate")
-    latest = _latest(registry, name)
+    latest = destination.latest(name)
     if version is None:
         version = latest.version + 1 if latest else 1
     elif latest is not None and version <= latest.version:
         raise VersionConflictError(f"{name} version {version} is not above {latest.version}")
     val_inputs, val_labels = validation if validation is not None else (None, None)
-
     with _stage(step, "load float model"):
         float_raw = _float_model(source, example_input, calibration, val_inputs)
         reference = OnnxModel.load(float_raw, "float")
-        spec = reference.input
+        datatype = reference.input.datatype
         calibration, val_inputs, example_input = (
-            _typed(x, spec.datatype) for x in (calibration, val_inputs, example_input)
+            _typed(x, datatype) for x in (calibration, val_inputs, example_input)
         )
     if labels is not None:
         _check_labels(labels, reference.outputs)
+    model = _candidate(step, float_raw, reference, quantize, format, tflite_file, calibration)
+    with _stage(step, "validate"):
+        validated = _validate(
+            reference, model.candidate, model.plain, val_inputs, val_labels, min_agreement
+        )
+    report = model.report(validated, len(float_raw), calibration)
+    samples = pick_smoke_inputs([val_inputs, calibration, example_input], reference.fixed_batch)
+    if samples is None:
+        samples = synthetic_inputs(reference.input, reference.fixed_batch)
+    smoke = _smoke(model, samples, validated.get("kernel_max_abs_diff", 0.0))
+    with _stage(step, "compress"):
+        blob = compress_blob(model.artifact)
+    with _stage(step, "delta"):
+        delta = _delta(destination, latest, format, model.artifact, len(blob))
+    manifest, signed = _signed_manifest(
+        name, version, model, blob, delta, report, smoke, labels, expires_in_days, signing_key
+    )
+    blobs = {manifest.blob.digest: blob, **({delta[0].digest: delta[1]} if delta else {})}
+    with _stage(step, "store and register"):
+        destination.add(Release(name, version, signed, blobs))
+    return PublishResult(manifest, signed, report, manifest.blob.digest, list(blobs)[1:])
 
-    if format == "onnx":
-        method: str = quantize
-        with _stage(step, "quantize"):
-            artifact = quantize_model(
-                float_raw,
-                quantize,
-                input_name=spec.name,
-                calibration=calibration,
-                fixed_batch=reference.fixed_batch,
-            )
-            candidate: OnnxModel | TFLiteModel | str = OnnxModel.load(artifact, "quantized")
-    else:
-        method = "tflite-file"
+
+def _destination(
+    target: PublishTarget | None, registry: Registry | None, store: BlobStore | None
+) -> PublishTarget:
+    if target is not None:
+        if registry is not None or store is not None:
+            raise PublishError("give a target, or a registry and a store, not both")
+        return target
+    if registry is None or store is None:
+        raise PublishError("publish_model needs a target, or a registry and a store")
+    return LocalTarget(registry, store)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """The model to publish, loaded to check it: its bytes, how they were made, runtimes."""
+
+    format: str  # onnx or tflite
+    method: str
+    artifact: bytes
+    candidate: OnnxModel | TFLiteModel | str  # str: why no interpreter could load it here
+    # The same model with no graph optimization runs ONNX Runtime's reference kernels
+    # instead of fused ones: how far the two differ is how far devices may differ.
+    plain: OnnxModel | None
+
+    def report(
+        self, validated: dict[str, Any], float_bytes: int, calibration: np.ndarray | None
+    ) -> dict[str, Any]:
+        report: dict[str, Any] = {
+            "method": self.method,
+            **scheme_of(self.method),
+            **validated,
+            "float_bytes": float_bytes,
+            "quantized_bytes": len(self.artifact),
+        }
+        if self.method == "int8-static" and calibration is not None:
+            report["calibration_samples"] = len(calibration)
+        return report
+
+
+def _candidate(
+    step: Progress,
+    float_raw: bytes,
+    reference: OnnxModel,
+    quantize: str,
+    format: str,
+    tflite_file: Path | None,
+    calibration: np.ndarray | None,
+) -> _Candidate:
+    if format != "onnx":
         try:
             artifact = Path(tflite_file).read_bytes()  # type: ignore[arg-type]  # checked
         except OSError as e:
             raise PublishError(f"cannot read the TFLite file {tflite_file}: {e}") from e
-        candidate = load_tflite(artifact)
-    # The same model with no graph optimization runs ONNX Runtime's reference kernels
-    # instead of fused ones: how far the two differ is how far devices may differ.
-    plain = OnnxModel.load(artifact, "quantized", optimize=False) if format == "onnx" else None
-    with _stage(step, "validate"):
-        validated = _validate(
-            reference, candidate, plain, method, val_inputs, val_labels, min_agreement
+        return _Candidate("tflite", "tflite-file", artifact, load_tflite(artifact), None)
+    with _stage(step, "quantize"):
+        artifact = quantize_model(
+            float_raw,
+            quantize,
+            input_name=reference.input.name,
+            calibration=calibration,
+            fixed_batch=reference.fixed_batch,
         )
-    report: dict[str, Any] = {
-        "method": method,
-        **scheme_of(method),
-        **validated,
-        "float_bytes": len(float_raw),
-        "quantized_bytes": len(artifact),
-    }
-    if method == "int8-static" and calibration is not None:
-        report["calibration_samples"] = len(calibration)
-    samples = pick_smoke_inputs([val_inputs, calibration, example_input], reference.fixed_batch)
-    if samples is None:
-        samples = synthetic_inputs(spec, reference.fixed_batch)
-    smoke = _smoke(candidate, plain, method, samples, validated.get("kernel_max_abs_diff", 0.0))
-    inputs, outputs, requires = _describe(candidate, artifact)
+        candidate = OnnxModel.load(artifact, "quantized")
+    plain = OnnxModel.load(artifact, "quantized", optimize=False)
+    return _Candidate("onnx", quantize, artifact, candidate, plain)
 
-    with _stage(step, "compress"):
-        blob = compress_blob(artifact)
-    with _stage(step, "delta"):
-        delta = _delta(store, latest, format, artifact, len(blob))
+
+def _signed_manifest(
+    name: str,
+    version: int,
+    model: _Candidate,
+    blob: bytes,
+    delta: tuple[DeltaRef, bytes] | None,
+    report: dict[str, Any],
+    smoke: dict[str, Any] | None,
+    labels: list[str] | None,
+    expires_in_days: float,
+    signing_key: SigningKey,
+) -> tuple[ModelManifest, dict[str, Any]]:
+    inputs, outputs, requires = _describe(model.candidate, model.artifact)
     now = datetime.now(UTC).replace(microsecond=0)
+    raw = model.artifact
     try:
         manifest = ModelManifest(
             name=name,
             version=version,
-            format=format,
+            format=model.format,
             requires=requires,
             inputs=inputs,
             outputs=outputs,
             labels=tuple(labels) if labels is not None else None,
-            blob=BlobRef(digest(blob), len(blob), len(artifact), "zstd", digest(artifact)),
+            blob=BlobRef(digest(blob), len(blob), len(raw), "zstd", digest(raw)),
             deltas=(delta[0],) if delta else (),
             quantization=report,
             smoke_test=smoke,
             published_at=format_time(now),
             expires_at=format_time(now + timedelta(days=expires_in_days)),
         )
-        signed = sign_document(manifest.to_dict(), signing_key)
+        return manifest, sign_document(manifest.to_dict(), signing_key)
     except ManifestError as e:
         raise PublishError(f"cannot build the manifest of {name}@{version}: {e}") from e
-    with _stage(step, "store and register"):
-        blob_digest = store.put(blob)
-        delta_digests = [store.put(delta[1])] if delta else []
-        registry.add_version(signed)
-    return PublishResult(manifest, signed, report, blob_digest, delta_digests)
 
 
 @contextlib.contextmanager
@@ -234,13 +289,6 @@ def _check_arguments(
         raise PublishError(f"expires_in_days must be positive, got {expires_in_days}")
 
 
-def _latest(registry: Registry, name: str) -> VersionRecord | None:
-    try:
-        return registry.get_version(name)
-    except ModelNotFoundError:
-        return None
-
-
 def _typed(inputs: np.ndarray | None, datatype: str) -> np.ndarray | None:
     if inputs is None or datatype == "BYTES":
         return inputs
@@ -270,7 +318,6 @@ def _validate(
     reference: OnnxModel,
     candidate: OnnxModel | TFLiteModel | str,
     plain: OnnxModel | None,
-    method: str,
     inputs: np.ndarray | None,
     labels: np.ndarray | None,
     min_agreement: float,
@@ -309,12 +356,9 @@ def _max_diff(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
 
 
 def _smoke(
-    candidate: OnnxModel | TFLiteModel | str,
-    plain: OnnxModel | None,
-    method: str,
-    samples: np.ndarray | None,
-    kernel_diff: float,
+    model: _Candidate, samples: np.ndarray | None, kernel_diff: float
 ) -> dict[str, Any] | None:
+    candidate, plain, method = model.candidate, model.plain, model.method
     if samples is None or isinstance(candidate, str):
         return None
     if isinstance(candidate, TFLiteModel):
@@ -352,7 +396,11 @@ def _check_labels(labels: list[str], outputs: tuple[Any, ...]) -> None:
 
 
 def _delta(
-    store: BlobStore, latest: VersionRecord | None, format: str, new_raw: bytes, full_size: int
+    target: PublishTarget,
+    latest: LatestVersion | None,
+    format: str,
+    new_raw: bytes,
+    full_size: int,
 ) -> tuple[DeltaRef, bytes] | None:
     """A delta from the latest version's model (not stored yet), when at hand and it pays.
 
@@ -363,16 +411,14 @@ def _delta(
     if latest is None:
         return None
     previous = latest.manifest.get("signed", {})
-    if not isinstance(previous, dict) or previous.get("format") != format:
+    ref = latest.blob()
+    if not isinstance(previous, dict) or previous.get("format") != format or ref is None:
         return None
     try:
-        ref = BlobRef.from_dict(previous.get("blob"))
-        data = store.get(ref.digest)
-        if digest(data) != ref.digest:
-            return None  # a damaged blob is no base for a patch
+        data = target.blob(ref)
         old_raw = decompress_blob(data, ref.raw_size) if ref.compression == "zstd" else data
     except (ManifestError, BlobNotFoundError):
-        return None
+        return None  # a damaged or missing blob is no base for a patch
     best: tuple[DeltaRef, bytes] | None = None
     for method in DeltaRef.METHODS:  # the smallest that rebuilds the model, if any
         patch = make_delta(old_raw, new_raw, method=method)

@@ -1,7 +1,15 @@
 """The ``tandem`` command: one entry point whose subcommands load their package lazily.
 
-``tandem --help`` imports no subcommand's package; ``tandem hub`` imports the
-hub only when it runs, so a device with ``tandem[edge]`` never pays for torch.
+``tandem --help`` imports no subcommand's module (nor the packages behind
+them); ``tandem hub`` imports the hub only when it runs, so a device with
+``tandem[edge]`` never pays for torch.
+
+One module per command group, each a thin shell (parse options, call a
+library function, print): ``hub``, ``keys``, ``models``, ``cdn``, ``fleet``
+and ``rollout``; ``_common`` holds the options and one-line errors they
+share, ``_admin`` what the commands that talk to the CDN's admin API share,
+and the ``_*_view`` modules how results look in a terminal. ``python -m
+tandem.cli`` runs the same command.
 """
 
 from __future__ import annotations
@@ -24,32 +32,32 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Run the whole system on one machine on real MNIST digits and compare modes.",
     ),
     "hub": (
-        "cloud_hub._cli",
+        "tandem.cli.hub",
         "hub",
         "Serve a model repository to edge agents over MQTT, with dynamic batching.",
     ),
     "keys": (
-        "model_cdn._cli",
+        "tandem.cli.keys",
         "keys_app",
         "Publisher signing keys (generate) and HTTP API keys with scopes (create, list, revoke).",
     ),
     "models": (
-        "model_cdn._cli",
+        "tandem.cli.models",
         "models_app",
         "Publish quantized, signed model versions; list them; assign them to devices.",
     ),
     "cdn": (
-        "model_cdn._cli",
+        "tandem.cli.cdn",
         "cdn_app",
         "Serve models, manifests, blobs and assignments over HTTP.",
     ),
     "fleet": (
-        "model_cdn._cli_fleet",
+        "tandem.cli.fleet",
         "fleet_app",
         "Device MQTT passwords and the broker's ACL; list the devices the CDN has seen.",
     ),
     "rollout": (
-        "model_cdn._cli_rollout",
+        "tandem.cli.rollout",
         "rollout_app",
         "Staged, health-gated model rollouts: start, watch, pause, resume, abort, roll back.",
     ),
@@ -129,7 +137,3 @@ def root(
 
 def main() -> None:
     app(prog_name="tandem")
-
-
-if __name__ == "__main__":
-    main()

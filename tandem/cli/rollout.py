@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ._cli_admin import (
+from ._admin import (
     DEFAULT_CDN,
     CaOption,
     CdnOption,
@@ -34,13 +34,13 @@ from ._cli_admin import (
     plain_console,
     print_json,
 )
-from ._cli_common import fail
-from ._cli_rollout_view import list_table, render_progress, render_status
+from ._common import fail
+from ._rollout_view import list_table, render_progress, render_status
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
-    from ._admin_client import AdminClient
+    from model_cdn import AdminClient
 
 __all__ = ["rollout_app"]
 
@@ -98,100 +98,113 @@ def _watch(command: str, client: AdminClient, status: dict[str, Any], interval_s
 # -- commands --------------------------------------------------------------------
 
 
+WhatArgument = Annotated[
+    str,
+    typer.Argument(
+        metavar="MODEL@VERSION", help="What to roll out, e.g. mnist@3.", show_default=False
+    ),
+]
+WavesOption = Annotated[
+    str | None,
+    typer.Option(
+        "--waves",
+        help="Cumulative waves: percentages, device counts or 'all', e.g. 5%,25%,100% or 5,50,all.",
+        show_default=False,
+    ),
+]
+TargetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--target",
+        help="LABEL=VALUE that devices must have (repeat: all must match). Default: every device.",
+        show_default=False,
+    ),
+]
+MaxFailureOption = Annotated[
+    str,
+    typer.Option(
+        "--max-failure",
+        help="Halt when more than this share of the devices "
+        "so far failed or timed out (2% or 0.02).",
+    ),
+]
+SoakOption = Annotated[
+    str, typer.Option("--soak", help="Least time per wave before the next (90s, 10m, 1h30m).")
+]
+MinReportsOption = Annotated[
+    int, typer.Option("--min-reports", help="Devices of a wave that must report first.")
+]
+DeviceTimeoutOption = Annotated[
+    str, typer.Option("--device-timeout", help="A device silent this long counts as failed.")
+]
+FromVersionOption = Annotated[
+    int | None,
+    typer.Option(
+        "--from",
+        help="The version devices run now (default: the highest "
+        "published below VERSION); rollback returns to it.",
+        show_default=False,
+    ),
+]
+MaxAgreementDropOption = Annotated[
+    str | None,
+    typer.Option(
+        "--max-agreement-drop",
+        help="Health gate: halt when edge-cloud agreement falls by more than this (2%).",
+        show_default=False,
+    ),
+]
+MaxErrorRateIncreaseOption = Annotated[
+    str | None,
+    typer.Option(
+        "--max-error-rate-increase",
+        help="Health gate: error rate rise allowed (1%).",
+        show_default=False,
+    ),
+]
+MaxP99RatioOption = Annotated[
+    str | None,
+    typer.Option(
+        "--max-p99-ratio",
+        help="Health gate: p99 latency new/old allowed (1.2).",
+        show_default=False,
+    ),
+]
+MaxOffloadIncreaseOption = Annotated[
+    str | None,
+    typer.Option(
+        "--max-offload-increase",
+        help="Health gate: offload rate rise allowed (5%).",
+        show_default=False,
+    ),
+]
+MinHealthSamplesOption = Annotated[
+    int,
+    typer.Option(
+        "--min-health-samples", help="Samples per version before the health gates decide."
+    ),
+]
+WatchOption = Annotated[bool, typer.Option("--watch", help="Then follow it as 'status --watch'.")]
+IntervalOption = Annotated[str, typer.Option("--interval", help="Poll period for --watch.")]
+
+
 @rollout_app.command("start")
 def rollout_start(
-    what: Annotated[
-        str,
-        typer.Argument(
-            metavar="MODEL@VERSION", help="What to roll out, e.g. mnist@3.", show_default=False
-        ),
-    ],
-    waves: Annotated[
-        str | None,
-        typer.Option(
-            "--waves",
-            help="Cumulative waves: percentages, device counts or 'all', "
-            "e.g. 5%,25%,100% or 5,50,all.",
-            show_default=False,
-        ),
-    ] = None,
-    target: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--target",
-            help="LABEL=VALUE that devices must have (repeat: all must "
-            "match). Default: every device.",
-            show_default=False,
-        ),
-    ] = None,
-    max_failure: Annotated[
-        str,
-        typer.Option(
-            "--max-failure",
-            help="Halt when more than this share of the devices "
-            "so far failed or timed out (2% or 0.02).",
-        ),
-    ] = "5%",
-    soak: Annotated[
-        str, typer.Option("--soak", help="Least time per wave before the next (90s, 10m, 1h30m).")
-    ] = "10m",
-    min_reports: Annotated[
-        int, typer.Option("--min-reports", help="Devices of a wave that must report first.")
-    ] = 1,
-    device_timeout: Annotated[
-        str, typer.Option("--device-timeout", help="A device silent this long counts as failed.")
-    ] = "30m",
-    from_version: Annotated[
-        int | None,
-        typer.Option(
-            "--from",
-            help="The version devices run now (default: the highest "
-            "published below VERSION); rollback returns to it.",
-            show_default=False,
-        ),
-    ] = None,
-    max_agreement_drop: Annotated[
-        str | None,
-        typer.Option(
-            "--max-agreement-drop",
-            help="Health gate: halt when edge-cloud agreement falls by more than this (2%).",
-            show_default=False,
-        ),
-    ] = None,
-    max_error_rate_increase: Annotated[
-        str | None,
-        typer.Option(
-            "--max-error-rate-increase",
-            help="Health gate: error rate rise allowed (1%).",
-            show_default=False,
-        ),
-    ] = None,
-    max_p99_ratio: Annotated[
-        str | None,
-        typer.Option(
-            "--max-p99-ratio",
-            help="Health gate: p99 latency new/old allowed (1.2).",
-            show_default=False,
-        ),
-    ] = None,
-    max_offload_increase: Annotated[
-        str | None,
-        typer.Option(
-            "--max-offload-increase",
-            help="Health gate: offload rate rise allowed (5%).",
-            show_default=False,
-        ),
-    ] = None,
-    min_health_samples: Annotated[
-        int,
-        typer.Option(
-            "--min-health-samples", help="Samples per version before the health gates decide."
-        ),
-    ] = 100,
-    watch: Annotated[
-        bool, typer.Option("--watch", help="Then follow it as 'status --watch'.")
-    ] = False,
-    interval: Annotated[str, typer.Option("--interval", help="Poll period for --watch.")] = "2s",
+    what: WhatArgument,
+    waves: WavesOption = None,
+    target: TargetOption = None,
+    max_failure: MaxFailureOption = "5%",
+    soak: SoakOption = "10m",
+    min_reports: MinReportsOption = 1,
+    device_timeout: DeviceTimeoutOption = "30m",
+    from_version: FromVersionOption = None,
+    max_agreement_drop: MaxAgreementDropOption = None,
+    max_error_rate_increase: MaxErrorRateIncreaseOption = None,
+    max_p99_ratio: MaxP99RatioOption = None,
+    max_offload_increase: MaxOffloadIncreaseOption = None,
+    min_health_samples: MinHealthSamplesOption = 100,
+    watch: WatchOption = False,
+    interval: IntervalOption = "2s",
     cdn: CdnOption = DEFAULT_CDN,
     token: TokenOption = None,
     ca: CaOption = None,
@@ -209,10 +222,48 @@ def rollout_start(
     command = "rollout start"
     if watch and as_json:
         fail(command, "--json and --watch do not mix: poll 'status ID --json' instead", 2)
+    body = _start_request(
+        command, what, waves, target, from_version, min_reports, min_health_samples
+    )
+    body["max_failure_rate"] = parse_fraction(max_failure, "--max-failure", command)
+    body["soak_s"] = parse_duration(soak, "--soak", command)
+    body["device_timeout_s"] = parse_duration(
+        device_timeout, "--device-timeout", command, positive=True
+    )
+    fraction, ratio = parse_fraction, parse_ratio
+    gates = (
+        ("max_agreement_drop", "--max-agreement-drop", max_agreement_drop, fraction),
+        ("max_error_rate_increase", "--max-error-rate-increase", max_error_rate_increase, fraction),
+        ("max_offload_rate_increase", "--max-offload-increase", max_offload_increase, fraction),
+        ("max_p99_latency_ratio", "--max-p99-ratio", max_p99_ratio, ratio),
+    )
+    for key, option, text, parse in gates:
+        body[key] = None if text is None else parse(text, option, command)
+    interval_s = parse_duration(interval, "--interval", command, positive=True)
+    client = admin_client(command, cdn, token, ca)
+    status = admin_call(command, client.start_rollout, body)
+    if as_json:
+        print_json(status)
+    elif not watch:
+        _print(render_status(status))
+    if watch:
+        _watch("rollout status", client, status, interval_s)
+
+
+def _start_request(
+    command: str,
+    what: str,
+    waves: str | None,
+    target: list[str] | None,
+    from_version: int | None,
+    min_reports: int,
+    min_health_samples: int,
+) -> dict[str, Any]:
+    """The rollout API's request for what was typed, checked in the order it is typed."""
     model, version = parse_model_at_version(what, command)
     if waves is None:
         fail(command, "--waves is required, e.g. --waves 5%,25%,100% (or 5,50,all)", 2)
-    from .rollout import parse_waves
+    from model_cdn.rollout import parse_waves
 
     try:
         parse_waves(waves)
@@ -229,45 +280,14 @@ def rollout_start(
         "model": model,
         "version": version,
         "waves": waves,
-        "max_failure_rate": parse_fraction(max_failure, "--max-failure", command),
         "min_reports": min_reports,
-        "soak_s": parse_duration(soak, "--soak", command),
-        "device_timeout_s": parse_duration(
-            device_timeout, "--device-timeout", command, positive=True
-        ),
         "min_health_samples": min_health_samples,
     }
-    gates = (
-        ("max_agreement_drop", "--max-agreement-drop", max_agreement_drop, parse_fraction),
-        (
-            "max_error_rate_increase",
-            "--max-error-rate-increase",
-            max_error_rate_increase,
-            parse_fraction,
-        ),
-        (
-            "max_offload_rate_increase",
-            "--max-offload-increase",
-            max_offload_increase,
-            parse_fraction,
-        ),
-        ("max_p99_latency_ratio", "--max-p99-ratio", max_p99_ratio, parse_ratio),
-    )
-    for key, option, text, parse in gates:
-        body[key] = None if text is None else parse(text, option, command)
     if labels:
         body["target"] = labels
     if from_version is not None:
         body["previous_version"] = from_version
-    interval_s = parse_duration(interval, "--interval", command, positive=True)
-    client = admin_client(command, cdn, token, ca)
-    status = admin_call(command, client.start_rollout, body)
-    if as_json:
-        print_json(status)
-    elif not watch:
-        _print(render_status(status))
-    if watch:
-        _watch("rollout status", client, status, interval_s)
+    return body
 
 
 @rollout_app.command("status")

@@ -14,17 +14,11 @@ from typing import Any
 
 from shared import ConfigError, MqttSettings, PublicKey, TlsSettings, Topics, validate_name
 
-from .._errors import CdnError
-
-__all__ = ["SimulatorConfig", "SimulatorError"]
+__all__ = ["SimulatorConfig"]
 
 _SITES = ("factory-a", "factory-b", "factory-c")
 _HARDWARE = ("cpu", "npu")
 _MAX_DEVICES = 100_000
-
-
-class SimulatorError(CdnError):
-    """The fleet simulator could not start, or a wait for the fleet timed out."""
 
 
 def _rate(value: object, what: str) -> float:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._cli_admin import ago_text
-from ._cli_common import ratio_text
+from ._admin import ago_text
+from ._common import ratio_text
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -27,7 +27,7 @@ def _dict(value: object) -> dict[str, Any]:
 
 
 def _wave_names(status: dict[str, Any]) -> list[str]:
-    from .rollout import Wave
+    from model_cdn.rollout import Wave
 
     try:
         return [str(Wave.from_dict(w)) for w in status["spec"]["waves"]]

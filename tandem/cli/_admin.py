@@ -1,8 +1,10 @@
-"""What ``tandem rollout`` and ``tandem fleet list/show`` share: talking to the admin API.
+"""What the commands that talk to the CDN's admin API share (``tandem rollout``,
+``tandem fleet list/show``, ``tandem models publish/assign --cdn``).
 
-The ``--cdn``, ``--token`` and ``--ca`` options, the client with one-line
-errors (exit 1 when the CDN refused or could not be reached, 2 when the
-command line was wrong), and the checks of what the operator types: labels,
+The ``--cdn``, ``--token`` and ``--ca`` options, the client
+(``model_cdn.AdminClient``) with one-line errors (exit 1 when the CDN
+refused or could not be reached, 2 when the command line was wrong), and
+the checks of what the operator types: labels,
 durations, percentages, ``MODEL@VERSION``, ids. Each check fails with one
 line naming the option, before any request is made.
 """
@@ -13,14 +15,17 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
-from ._admin_client import DEFAULT_CDN_URL, AdminApiError, AdminClient
-from ._cli_common import fail
+from model_cdn import AdminApiError, AdminClient
+from model_cdn._admin_client import DEFAULT_CDN_URL
+
+from ._common import fail
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -33,6 +38,7 @@ __all__ = [
     "TokenOption",
     "admin_call",
     "admin_client",
+    "admin_errors",
     "ago_text",
     "check_id",
     "parse_duration",
@@ -87,17 +93,25 @@ def admin_client(command: str, cdn: str, token: str | None, ca: Path | None) -> 
         fail(command, str(e), 2)
 
 
-def admin_call(command: str, call: Callable[..., T], *args: Any) -> T:
-    """``call(*args)``; a refusal or an unreachable CDN becomes one line and exit code 1."""
+@contextmanager
+def admin_errors(command: str) -> Iterator[None]:
+    """A refusal or an unreachable CDN becomes one line and exit code 1."""
     try:
-        return call(*args)
+        yield
     except AdminApiError as e:
         message = str(e)
         if e.status == 401:
             message += " (pass --token or set TANDEM_CDN_ADMIN_TOKEN)"
         fail(command, message)
-    except ValueError as e:
-        fail(command, str(e), 2)
+
+
+def admin_call(command: str, call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)``; a refusal or an unreachable CDN becomes one line and exit code 1."""
+    with admin_errors(command):
+        try:
+            return call(*args)
+        except ValueError as e:
+            fail(command, str(e), 2)
 
 
 def parse_labels(values: Iterable[str], option: str, command: str) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""What the CDN's commands share: one-line errors, the registry/store/key options.
+"""What the commands share: one-line errors, the registry/store/key/TLS options.
 
 Every failure of a command is one line on stderr, ``tandem <command>: <why>``,
 and a non-zero exit: 1 when the work failed, 2 when the command line was wrong.
@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 if TYPE_CHECKING:
-    from .registry import Registry
+    from model_cdn import Registry
+    from shared import MqttSettings, PublicKey
 
 __all__ = [
     "DEFAULT_REGISTRY",
@@ -22,6 +23,7 @@ __all__ = [
     "MqttCaOption",
     "MqttCertOption",
     "MqttKeyOption",
+    "PrefixOption",
     "RegistryOption",
     "SignKeyOption",
     "StoreOption",
@@ -31,6 +33,8 @@ __all__ = [
     "clean_errors",
     "fail",
     "load_key",
+    "load_trusted_key",
+    "mqtt_settings",
     "open_registry_for",
     "ratio_text",
     "size_text",
@@ -65,8 +69,7 @@ def clean_errors(command: str) -> Iterator[None]:
 
 def open_registry_for(url: str, *, create: bool) -> Registry:
     """The registry; with ``create=False`` a missing SQLite file is an error with a hint."""
-    from ._errors import RegistryError
-    from .registry import open_registry
+    from model_cdn import RegistryError, open_registry
 
     try:
         return open_registry(url, create=create)
@@ -96,6 +99,7 @@ StoreOption = Annotated[
         help="Blob store: a directory, file:///dir or s3://bucket/prefix?endpoint_url=….",
     ),
 ]
+PrefixOption = Annotated[str, typer.Option("--prefix", help="MQTT topic prefix.")]
 SignKeyOption = Annotated[
     Path | None,
     typer.Option(
@@ -155,6 +159,25 @@ def load_key(path: Path | None, command: str) -> Any:
     if path is None:
         fail(command, "no signing key: pass --sign-key FILE or set TANDEM_SIGN_KEY", 2)
     return SigningKey.load(path)
+
+
+def load_trusted_key(text: str) -> PublicKey:
+    """A ``--trusted-key``: a publisher.pub file, or the key itself as ``ed25519:…`` text."""
+    from shared import PublicKey
+
+    return PublicKey.from_text(text) if text.startswith("ed25519:") else PublicKey.load(Path(text))
+
+
+def mqtt_settings(
+    broker: str | None, ca: Path | None, cert: Path | None, key: Path | None
+) -> MqttSettings | None:
+    """``MqttSettings`` for ``--broker`` and the ``--mqtt-*`` files, or None without a broker."""
+    from shared import MqttSettings, TlsSettings
+
+    if not broker:
+        TlsSettings.from_files(ca_certs=ca, certfile=cert, keyfile=key)  # still say what is wrong
+        return None
+    return MqttSettings.from_url(broker).with_tls(ca_certs=ca, certfile=cert, keyfile=key)
 
 
 def size_text(value: object) -> str:

@@ -29,15 +29,16 @@ from typing import Any, Literal, TypeVar
 
 from shared import Assignment, Topics, UpdateStatus, create_client, resolve_protocol
 
-from ._config import SimulatorConfig, SimulatorError
-from ._device import DeviceState, SimulatedDevice, accept_manifest, draw_traits
+from ._config import SimulatorConfig
+from ._device import DeviceState, SimulatedDevice, draw_traits
+from ._errors import SimulatorError
 from ._fetch import CdnFetcher
 from ._loop import MqttEventLoop, Timer
 from ._snapshot import FleetSnapshot
 
 __all__ = ["FleetSimulator"]
 
-log = logging.getLogger("tandem.cdn.simulator")
+log = logging.getLogger("tandem.simulator")
 
 _CONNECT_BATCH = 32  # connections opened per loop round, so the loop keeps serving the others
 _FDS_PER_DEVICE = 2  # its MQTT socket, and as much again to spare
@@ -363,7 +364,7 @@ class FleetSimulator:
             raw = self._retrying(
                 lambda: self._fetcher.manifest(assignment.model, assignment.version)
             )
-            manifest = accept_manifest(raw, assignment, self.config.trusted_keys)
+            manifest = link.device.accept_manifest(raw, assignment)
             self._retrying(lambda: self._fetcher.blob(manifest.blob.digest, manifest.blob.size))
         except SimulatorError as e:
             error = str(e)

@@ -36,7 +36,7 @@ from typing import Any
 
 __all__ = ["MqttEventLoop", "Timer"]
 
-log = logging.getLogger("tandem.cdn.simulator")
+log = logging.getLogger("tandem.simulator")
 
 _MISC_INTERVAL_S = 1.0
 _MAX_WAIT_S = 0.5

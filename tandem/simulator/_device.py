@@ -4,8 +4,13 @@ The fleet (``_fleet``) owns the connections and the downloads and calls in
 here from its one event-loop thread, passing the time; everything here is
 a decision about what the device would do and report.
 
-An assignment's way through a device mirrors the real updater
-(``edge_agent.updater``):
+Its trust decisions are the real updater's (``edge_agent.updater.UpdateTrust``:
+pinned keys, expiry, device and model, no downgrade without a signed
+rollback, no replay) and its telemetry is what a real agent's
+``TelemetryReporter`` sends (``AgentMetrics.from_snapshot`` of an
+``edge_agent.AgentSnapshot``; on the wire also a ``shared.DeviceReport``),
+so the fleet a rollout sees is the fleet of real devices, short of running
+models. An assignment's way through a device:
 
     received ──verify──▶ refused (a ``failed`` report; nothing changes)
         │                  bad or untrusted signature, expired, another device
@@ -17,8 +22,10 @@ An assignment's way through a device mirrors the real updater
 
 Invariants: at most one install at a time (a newer assignment that arrives
 meanwhile waits, the latest one wins); ``running_version`` changes only on
-a successful install, and then the telemetry counters start again from zero
-(they describe the version now serving); ``highest_accepted`` only grows.
+a successful install, and then the per-version telemetry counters start
+again from zero (they describe the version now serving); the trust record
+(highest accepted version, last assignment's issue time) moves only on a
+successful install, as ``UpdateTrust.after_commit`` says, and only grows.
 """
 
 from __future__ import annotations
@@ -26,34 +33,39 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import MappingProxyType
 
+from edge_agent import (
+    AgentMetrics,
+    AgentSnapshot,
+    AgentStats,
+    BreakerState,
+    ModelCounters,
+    Source,
+    UntrustedUpdateError,
+)
+from edge_agent.updater import TrustRecord, UpdateTrust
 from shared import (
     Assignment,
-    DeviceReport,
-    ManifestError,
     ModelManifest,
-    PublicKey,
     UpdateState,
     UpdateStatus,
     claimed_version,
     format_time,
-    parse_time,
-    verify_assignment,
-    verify_manifest,
 )
 
-from ._config import SimulatorConfig, SimulatorError
+from ._config import SimulatorConfig
+from ._errors import SimulatorError
 
 __all__ = [
     "AssignmentDecision",
     "DeviceState",
     "DeviceTraits",
     "SimulatedDevice",
-    "accept_manifest",
     "draw_traits",
 ]
 
@@ -62,6 +74,7 @@ DISAGREEMENT = 0.60  # … a model that disagrees with the cloud
 OFFLOAD_RATE = 0.20
 ERROR_RATE = 0.002
 _REMEMBERED = 16  # assignment payloads a device remembers having handled
+SIMULATED = "simulated"  # the runtime and accelerator a simulated device reports
 
 
 @dataclass(frozen=True)
@@ -127,25 +140,6 @@ class DeviceState:
     traits: DeviceTraits
 
 
-def accept_manifest(
-    raw: bytes | None, assignment: Assignment, trusted: Sequence[PublicKey]
-) -> ModelManifest:
-    """The manifest if it is signed, current and the one the assignment asks for."""
-    what = f"{assignment.model}@{assignment.version}"
-    if raw is None:
-        raise SimulatorError(f"the CDN has no manifest for {what}")
-    try:
-        manifest = verify_manifest(raw, list(trusted))
-    except ManifestError as e:
-        raise SimulatorError(f"manifest refused: {e}") from e
-    if manifest.name != assignment.model or manifest.version != assignment.version:
-        raise SimulatorError(
-            f"manifest refused: it describes {manifest.name}@{manifest.version}, "
-            f"the assignment asks for {what}"
-        )
-    return manifest
-
-
 class SimulatedDevice:
     """One device's state and decisions. Not thread-safe: one thread drives it."""
 
@@ -166,21 +160,25 @@ class SimulatedDevice:
         self.connects = 0
         self._state: DeviceState | None = None  # state()'s answer until something changes
         self.running_version = config.initial_version
-        self.highest_accepted = config.initial_version
-        self.last_issued_at: str | None = None
+        self._trust = UpdateTrust(
+            config.trusted_keys,
+            device_id=device,
+            model=config.model,
+            record=TrustRecord(highest_accepted=config.initial_version),
+        )
         self.installing: Assignment | None = None
         self.last_status: UpdateStatus | None = None
         self.installs = 0
         self.failures = 0
-        self._keys = list(config.trusted_keys)
         self._fail_versions = config.fail_versions
         self._disagree_versions = config.disagree_versions
         self._install_delay = config.install_delay_s
         self._rng = random.Random(f"{config.seed}/{device}")
         self._pending: bytes | None = None  # an assignment that came during an install
         self._handled: dict[str, None] = {}
-        self.requests = self.errors = self.offloads = self.agreed = 0
-        self._last_tick = now
+        self.requests = self.errors = self.offloads = self.agreed = 0  # this version's
+        self._since = self._last_tick = now
+        self._lifetime = _Lifetime()
 
     # -- the connection ----------------------------------------------------------------------
 
@@ -244,8 +242,7 @@ class SimulatedDevice:
             return self._failed(version, reason, assignment.rollout, now)
         rollback = assignment.rollback and version < self.running_version
         self.running_version = version
-        self.highest_accepted = max(self.highest_accepted, version)
-        self.last_issued_at = assignment.issued_at
+        self._trust.record = self._trust.after_commit(assignment)
         self.installs += 1
         self._reset_counters(now)
         state = UpdateState.ROLLED_BACK if rollback else UpdateState.INSTALLED
@@ -258,8 +255,10 @@ class SimulatedDevice:
 
     # -- telemetry -------------------------------------------------------------------------
 
-    def telemetry(self, now: float) -> DeviceReport:
-        """A report with the counters advanced to ``now`` (since this version started)."""
+    def telemetry(self, now: float) -> AgentMetrics:
+        """The agent's snapshot with the counters advanced to ``now``, as a real device's
+        ``TelemetryReporter`` publishes it (``to_json``); the per-version counters count
+        since this version started serving."""
         elapsed = max(0.0, now - self._last_tick)
         self._last_tick = now
         expected = self.traits.requests_per_s * elapsed
@@ -271,22 +270,69 @@ class SimulatedDevice:
         self.errors += _binomial(self._rng, new, ERROR_RATE)
         self.offloads += offloads
         self.agreed += agreed
-        p50 = self.traits.p50_ms * self._rng.uniform(0.9, 1.1)
-        return DeviceReport(
-            device=self.device,
-            at=now,
-            labels=dict(self.labels),
-            capabilities={"runtime": "simulated"},
-            model=self.model,
-            version=self.running_version,
+        life = self._lifetime
+        life.add(new, offloads, agreed)
+        p50 = round(self.traits.p50_ms * self._rng.uniform(0.9, 1.1), 3) if self.requests else None
+        p99 = round(p50 * self._rng.uniform(3.0, 5.0), 3) if p50 is not None else None
+        stats = AgentStats(
+            requests=life.requests,
+            by_source=Counter(
+                {
+                    Source.EDGE.value: life.requests - life.offloads,
+                    Source.CLOUD.value: life.offloads,
+                }
+            ),
+            offload_attempts=life.offloads,
+        )
+        serving = ModelCounters(
             requests=self.requests,
             errors=self.errors,
             offloads=self.offloads,
             agreement_samples=self.offloads,
             agreed=self.agreed,
-            p50_ms=round(p50, 3) if self.requests else None,
-            p99_ms=round(p50 * self._rng.uniform(3.0, 5.0), 3) if self.requests else None,
+            p50_ms=p50,
+            p99_ms=p99,
+            since=self._since,
         )
+        return AgentMetrics.from_snapshot(
+            AgentSnapshot(
+                device_id=self.device,
+                labels=dict(self.labels),
+                stats=stats,
+                serving=serving,
+                edge_model=self.model,
+                edge_version=str(self.running_version),
+                edge_runtime=SIMULATED,
+                edge_accelerator=SIMULATED,
+                cloud_version=None,
+                local_p50_ms=None,
+                local_p99_ms=None,
+                offloaded_p50_ms=None,
+                offloaded_p99_ms=None,
+                total_p50_ms=p50,
+                total_p99_ms=p99,
+                agreement_rate=life.agreed / life.offloads if life.offloads else None,
+                agreement_samples=life.offloads,
+                breaker_state=BreakerState.CLOSED,
+                uplink_connected=True,
+                local_inflight=0,
+                taken_at=now,
+            )
+        )
+
+    def accept_manifest(self, raw: bytes | None, assignment: Assignment) -> ModelManifest:
+        """The manifest if it is signed, current and the one ``assignment`` asks for.
+
+        Safe from any thread: it reads the pinned keys only (the download threads call it).
+        """
+        if raw is None:
+            raise SimulatorError(
+                f"the CDN has no manifest for {assignment.model}@{assignment.version}"
+            )
+        try:
+            return self._trust.accept_manifest(raw, assignment)
+        except UntrustedUpdateError as e:
+            raise SimulatorError(str(e)) from e
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -314,31 +360,9 @@ class SimulatedDevice:
     def _accept(self, payload: bytes) -> Assignment:
         """The assignment if this device may act on it (the real updater's rules)."""
         try:
-            assignment = verify_assignment(payload, self._keys)
-        except ManifestError as e:  # SignatureError and ExpiredError included
-            raise SimulatorError(f"assignment refused: {e}") from e
-        if assignment.device != self.device:
-            raise SimulatorError(
-                f"assignment refused: it is for device {assignment.device!r}, not {self.device!r}"
-            )
-        if assignment.model != self.model:
-            raise SimulatorError(
-                f"assignment refused: it is for model {assignment.model!r}, not {self.model!r}"
-            )
-        if assignment.version < self.highest_accepted and not assignment.rollback:
-            raise SimulatorError(
-                f"assignment refused: version {assignment.version} is below the highest "
-                f"accepted {self.highest_accepted} and the publisher did not sign a rollback"
-            )
-        last = self.last_issued_at
-        if last is not None and parse_time(assignment.issued_at, "issued_at") < parse_time(
-            last, "last_issued_at"
-        ):
-            raise SimulatorError(
-                f"assignment refused: issued at {assignment.issued_at}, before the last "
-                f"accepted one ({last}): a replay"
-            )
-        return assignment
+            return self._trust.accept_assignment(payload)
+        except UntrustedUpdateError as e:  # DowngradeError included
+            raise SimulatorError(str(e)) from e
 
     def _current(self) -> Assignment:
         if self.installing is None:
@@ -373,12 +397,26 @@ class SimulatedDevice:
 
     def _reset_counters(self, now: float) -> None:
         self.requests = self.errors = self.offloads = self.agreed = 0
-        self._last_tick = now
+        self._since = self._last_tick = now
 
     def _remember(self, key: str) -> None:
         self._handled[key] = None
         while len(self._handled) > _REMEMBERED:
             del self._handled[next(iter(self._handled))]
+
+
+class _Lifetime:
+    """What the whole agent did since the device started, across versions."""
+
+    __slots__ = ("agreed", "offloads", "requests")
+
+    def __init__(self) -> None:
+        self.requests = self.offloads = self.agreed = 0
+
+    def add(self, requests: int, offloads: int, agreed: int) -> None:
+        self.requests += requests
+        self.offloads += offloads
+        self.agreed += agreed
 
 
 def _binomial(rng: random.Random, n: int, p: float) -> int:

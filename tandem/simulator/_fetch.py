@@ -16,15 +16,14 @@ from __future__ import annotations
 import http.client
 import ssl
 import threading
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
-from shared import TlsSettings, digest, validate_name
+from shared import MAX_DOCUMENT_BYTES, CdnPaths, ConfigError, TlsSettings, digest
 
-from ._config import SimulatorError
+from ._errors import SimulatorError
 
-__all__ = ["MAX_DOCUMENT_BYTES", "CdnFetcher"]
+__all__ = ["CdnFetcher"]
 
-MAX_DOCUMENT_BYTES = 1024 * 1024
 _CHUNK = 64 * 1024
 # What a server's idle-timeout close looks like to the next request on that connection.
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
@@ -47,7 +46,7 @@ class CdnFetcher:
         self._https = parts.scheme == "https"
         self._host = parts.hostname
         self._port = parts.port
-        self._base_path = parts.path.rstrip("/")
+        self._paths = CdnPaths(parts.path)  # URLs under the CDN's own path, if it has one
         self._timeout_s = timeout_s
         self._headers = {"Authorization": f"Bearer {read_token}"} if read_token else {}
         self._context: ssl.SSLContext | None = None
@@ -66,14 +65,21 @@ class CdnFetcher:
 
     def manifest(self, model: str, version: int) -> bytes | None:
         """The signed manifest of ``model@version`` (``None``: the CDN has none)."""
-        name = quote(validate_name(model, "model name"), safe="")
-        return self._get(f"/v1/models/{name}/versions/{int(version)}/manifest", None)
+        try:
+            path = self._paths.manifest(model, version)
+        except ConfigError as e:
+            raise SimulatorError(f"cannot ask for {model!r:.80}@{version!r:.20}: {e}") from e
+        return self._get(path, None)
 
     def blob(self, blob_digest: str, size: int) -> bytes:
         """Blob ``blob_digest``: exactly ``size`` bytes that hash to it, else raise."""
         if not isinstance(size, int) or size < 1:
             raise SimulatorError(f"blob {blob_digest}: bad declared size {size!r:.20}")
-        data = self._get(f"/v1/blobs/{blob_digest}", size)
+        try:
+            path = self._paths.blob(blob_digest)
+        except ConfigError as e:
+            raise SimulatorError(str(e)) from e
+        data = self._get(path, size)
         if data is None:
             raise SimulatorError(f"the CDN has no blob {blob_digest}")
         if digest(data) != blob_digest:
@@ -91,11 +97,10 @@ class CdnFetcher:
 
     def _get(self, path: str, exact_size: int | None) -> bytes | None:
         """The body at ``path``; ``exact_size`` set: a blob of that size, else a document."""
-        url = f"{self._base_path}{path}"
         for attempt in (1, 2):
             connection = self._connection()
             try:
-                connection.request("GET", url, headers=self._headers)
+                connection.request("GET", path, headers=self._headers)
                 response = connection.getresponse()
                 with self._lock:
                     self.requests += 1

@@ -1,6 +1,6 @@
 """``tandem fleet simulate``: a fleet of simulated devices on a real broker and CDN.
 
-The command runs ``model_cdn.simulator.FleetSimulator`` until Ctrl-C,
+The command runs ``tandem.simulator.FleetSimulator`` until Ctrl-C,
 SIGTERM or ``--duration``, with a live summary on stderr (devices online,
 versions running, installs and failures), then disconnects every device
 and exits 0. Failures are one line on stderr and exit 1 (the work failed)
@@ -19,10 +19,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ._cli_common import MqttCaOption, MqttCertOption, MqttKeyOption, clean_errors, fail
+from ._common import (
+    MqttCaOption,
+    MqttCertOption,
+    MqttKeyOption,
+    PrefixOption,
+    clean_errors,
+    fail,
+    load_trusted_key,
+)
 
 if TYPE_CHECKING:
-    from .simulator import FleetSnapshot, SimulatorConfig
+    from tandem.simulator import FleetSnapshot, SimulatorConfig
 
 __all__ = ["fleet_simulate"]
 
@@ -30,114 +38,136 @@ _COMMAND = "fleet simulate"
 _REFRESH_S = 0.5
 
 
+DevicesOption = Annotated[
+    int, typer.Option("--devices", help="How many devices to simulate.", min=1, max=100_000)
+]
+TrustedKeyOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--trusted-key",
+        help="publisher.pub file or 'ed25519:…' text the devices trust (repeatable).",
+        show_default=False,
+    ),
+]
+BrokerOption = Annotated[
+    str, typer.Option("--broker", envvar="TANDEM_BROKER", help="MQTT broker URL.")
+]
+CdnUrlOption = Annotated[
+    str, typer.Option("--cdn", envvar="TANDEM_CDN_URL", help="The model CDN's base URL.")
+]
+ReadTokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--read-token",
+        envvar="TANDEM_CDN_READ_TOKEN",
+        help="Bearer token for the CDN's reads, when it wants one.",
+        show_default=False,
+    ),
+]
+CdnCaOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--cdn-ca",
+        help="PEM CA that signed an https:// CDN's certificate; default: the system's.",
+        show_default=False,
+    ),
+]
+ModelOption = Annotated[str, typer.Option("--model", help="The model the devices run.")]
+InitialVersionOption = Annotated[
+    int, typer.Option("--initial-version", help="The version they start on.", min=1)
+]
+IdPrefixOption = Annotated[
+    str, typer.Option("--id-prefix", help="Device ids are PREFIX-0001, PREFIX-0002, …")
+]
+LabelOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--label",
+        help="KEY=VALUE added to every device's labels (repeatable); site and hw are "
+        "spread over the fleet already.",
+        show_default=False,
+    ),
+]
+TelemetryIntervalOption = Annotated[
+    float,
+    typer.Option("--telemetry-interval", help="Seconds between telemetry reports.", min=0.05),
+]
+InstallDelayOption = Annotated[
+    str,
+    typer.Option(
+        "--install-delay",
+        help="Seconds an install takes after its download: LOW-HIGH.",
+    ),
+]
+FailRateOption = Annotated[
+    float,
+    typer.Option("--fail-rate", help="Fraction of devices whose installs fail.", min=0, max=1),
+]
+FailVersionOption = Annotated[
+    list[int] | None,
+    typer.Option("--fail-version", help="A bad version: installs fail on every device.", min=1),
+]
+OfflineRateOption = Annotated[
+    float,
+    typer.Option("--offline-rate", help="Fraction of devices that drop off once.", min=0, max=1),
+]
+OfflineAfterOption = Annotated[
+    float,
+    typer.Option("--offline-after", help="They drop within this many seconds.", min=0),
+]
+OfflineForOption = Annotated[
+    float,
+    typer.Option("--offline-for", help="Seconds they stay away.", min=0.1),
+]
+DisagreeRateOption = Annotated[
+    float,
+    typer.Option(
+        "--disagree-rate",
+        help="Fraction of devices whose model agrees with the cloud ~60% (not ~97%).",
+        min=0,
+        max=1,
+    ),
+]
+DisagreeVersionOption = Annotated[
+    list[int] | None,
+    typer.Option(
+        "--disagree-version", help="A version that disagrees with the cloud everywhere.", min=1
+    ),
+]
+SeedOption = Annotated[int, typer.Option("--seed", help="Picks which devices misbehave.")]
+DownloadWorkersOption = Annotated[
+    int, typer.Option("--download-workers", help="Download threads.", min=1, max=256)
+]
+DurationOption = Annotated[
+    float | None,
+    typer.Option("--duration", help="Stop after this many seconds (default: Ctrl-C).", min=0.1),
+]
+
+
 def fleet_simulate(
-    devices: Annotated[
-        int, typer.Option("--devices", help="How many devices to simulate.", min=1, max=100_000)
-    ] = 100,
-    trusted_key: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--trusted-key",
-            help="publisher.pub file or 'ed25519:…' text the devices trust (repeatable).",
-            show_default=False,
-        ),
-    ] = None,
-    broker: Annotated[
-        str, typer.Option("--broker", envvar="TANDEM_BROKER", help="MQTT broker URL.")
-    ] = "mqtt://127.0.0.1:1883",
-    cdn: Annotated[
-        str, typer.Option("--cdn", envvar="TANDEM_CDN_URL", help="The model CDN's base URL.")
-    ] = "http://127.0.0.1:8700",
-    read_token: Annotated[
-        str | None,
-        typer.Option(
-            "--read-token",
-            envvar="TANDEM_CDN_READ_TOKEN",
-            help="Bearer token for the CDN's reads, when it wants one.",
-            show_default=False,
-        ),
-    ] = None,
-    cdn_ca: Annotated[
-        Path | None,
-        typer.Option(
-            "--cdn-ca",
-            help="PEM CA that signed an https:// CDN's certificate; default: the system's.",
-            show_default=False,
-        ),
-    ] = None,
-    model: Annotated[str, typer.Option("--model", help="The model the devices run.")] = "mnist",
-    initial_version: Annotated[
-        int, typer.Option("--initial-version", help="The version they start on.", min=1)
-    ] = 1,
-    id_prefix: Annotated[
-        str, typer.Option("--id-prefix", help="Device ids are PREFIX-0001, PREFIX-0002, …")
-    ] = "sim",
-    prefix: Annotated[str, typer.Option("--prefix", help="MQTT topic prefix.")] = "tandem/v1",
-    label: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--label",
-            help="KEY=VALUE added to every device's labels (repeatable); site and hw are "
-            "spread over the fleet already.",
-            show_default=False,
-        ),
-    ] = None,
-    telemetry_interval: Annotated[
-        float,
-        typer.Option("--telemetry-interval", help="Seconds between telemetry reports.", min=0.05),
-    ] = 2.0,
-    install_delay: Annotated[
-        str,
-        typer.Option(
-            "--install-delay",
-            help="Seconds an install takes after its download: LOW-HIGH.",
-        ),
-    ] = "0.05-0.5",
-    fail_rate: Annotated[
-        float,
-        typer.Option("--fail-rate", help="Fraction of devices whose installs fail.", min=0, max=1),
-    ] = 0.0,
-    fail_version: Annotated[
-        list[int] | None,
-        typer.Option("--fail-version", help="A bad version: installs fail on every device.", min=1),
-    ] = None,
-    offline_rate: Annotated[
-        float,
-        typer.Option(
-            "--offline-rate", help="Fraction of devices that drop off once.", min=0, max=1
-        ),
-    ] = 0.0,
-    offline_after: Annotated[
-        float,
-        typer.Option("--offline-after", help="They drop within this many seconds.", min=0),
-    ] = 5.0,
-    offline_for: Annotated[
-        float,
-        typer.Option("--offline-for", help="Seconds they stay away.", min=0.1),
-    ] = 10.0,
-    disagree_rate: Annotated[
-        float,
-        typer.Option(
-            "--disagree-rate",
-            help="Fraction of devices whose model agrees with the cloud ~60% (not ~97%).",
-            min=0,
-            max=1,
-        ),
-    ] = 0.0,
-    disagree_version: Annotated[
-        list[int] | None,
-        typer.Option(
-            "--disagree-version", help="A version that disagrees with the cloud everywhere.", min=1
-        ),
-    ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Picks which devices misbehave.")] = 0,
-    download_workers: Annotated[
-        int, typer.Option("--download-workers", help="Download threads.", min=1, max=256)
-    ] = 16,
-    duration: Annotated[
-        float | None,
-        typer.Option("--duration", help="Stop after this many seconds (default: Ctrl-C).", min=0.1),
-    ] = None,
+    devices: DevicesOption = 100,
+    trusted_key: TrustedKeyOption = None,
+    broker: BrokerOption = "mqtt://127.0.0.1:1883",
+    cdn: CdnUrlOption = "http://127.0.0.1:8700",
+    read_token: ReadTokenOption = None,
+    cdn_ca: CdnCaOption = None,
+    model: ModelOption = "mnist",
+    initial_version: InitialVersionOption = 1,
+    id_prefix: IdPrefixOption = "sim",
+    prefix: PrefixOption = "tandem/v1",
+    label: LabelOption = None,
+    telemetry_interval: TelemetryIntervalOption = 2.0,
+    install_delay: InstallDelayOption = "0.05-0.5",
+    fail_rate: FailRateOption = 0.0,
+    fail_version: FailVersionOption = None,
+    offline_rate: OfflineRateOption = 0.0,
+    offline_after: OfflineAfterOption = 5.0,
+    offline_for: OfflineForOption = 10.0,
+    disagree_rate: DisagreeRateOption = 0.0,
+    disagree_version: DisagreeVersionOption = None,
+    seed: SeedOption = 0,
+    download_workers: DownloadWorkersOption = 16,
+    duration: DurationOption = None,
     mqtt_ca: MqttCaOption = None,
     mqtt_cert: MqttCertOption = None,
     mqtt_key: MqttKeyOption = None,
@@ -157,8 +187,7 @@ def fleet_simulate(
             --broker mqtt://127.0.0.1:1883 --cdn http://127.0.0.1:8700 --fail-rate 0.01
     """
     from shared import ConfigError, MqttSettings, TlsSettings
-
-    from .simulator import FleetSimulator, SimulatorConfig
+    from tandem.simulator import SimulatorConfig
 
     with clean_errors(_COMMAND):
         try:
@@ -174,7 +203,7 @@ def fleet_simulate(
                 cdn_url=cdn,
                 read_token=read_token or None,
                 cdn_tls=TlsSettings.from_files(ca_certs=cdn_ca),
-                trusted_keys=tuple(_trusted_key(k) for k in trusted_key),
+                trusted_keys=tuple(load_trusted_key(k) for k in trusted_key),
                 model=model,
                 initial_version=initial_version,
                 labels=_labels(label or []),
@@ -192,12 +221,19 @@ def fleet_simulate(
             )
         except (ConfigError, ValueError) as e:
             fail(_COMMAND, str(e), 2)
-        stop = threading.Event()
-        started = time.monotonic()
-        with _stop_on_signals(stop), FleetSimulator(config) as simulator:
-            with contextlib.suppress(KeyboardInterrupt):
-                _watch(simulator, config, stop, duration, started)
-            final = simulator.snapshot()
+        _run(config, duration)
+
+
+def _run(config: SimulatorConfig, duration: float | None) -> None:
+    """The fleet, with its live summary, until SIGTERM, Ctrl-C or ``duration``; then a line."""
+    from tandem.simulator import FleetSimulator
+
+    stop = threading.Event()
+    started = time.monotonic()
+    with _stop_on_signals(stop), FleetSimulator(config) as simulator:
+        with contextlib.suppress(KeyboardInterrupt):
+            _watch(simulator, config, stop, duration, started)
+        final = simulator.snapshot()
     typer.echo(
         f"simulated {final.total} devices for {time.monotonic() - started:.0f} s: "
         f"{final.summary()}",
@@ -276,12 +312,6 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[None]:
     finally:
         for s, old in previous.items():
             signal.signal(s, old)
-
-
-def _trusted_key(text: str) -> Any:
-    from shared import PublicKey
-
-    return PublicKey.from_text(text) if text.startswith("ed25519:") else PublicKey.load(Path(text))
 
 
 def _labels(items: list[str]) -> dict[str, str]:

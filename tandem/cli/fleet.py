@@ -3,7 +3,7 @@
 ``list`` and ``show`` ask the CDN's admin API (``--cdn``, ``--token``, as
 ``tandem rollout``) which devices reported telemetry, with their labels,
 models and health. ``simulate`` runs a fleet of simulated devices
-(``_cli_simulate``). ``provision`` gives each named device (or the hub / CDN
+(``_fleet_simulate``). ``provision`` gives each named device (or the hub / CDN
 service user) a fresh random password in the Mosquitto password file,
 keeping every other user, and rewrites the ACL file. Passwords are shown
 once: on stdout, or in ``--password-out`` (mode 0600). Failures are one line
@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ._cli_admin import (
+from ._admin import (
     DEFAULT_CDN,
     CaOption,
     CdnOption,
@@ -30,8 +30,8 @@ from ._cli_admin import (
     plain_console,
     print_json,
 )
-from ._cli_common import clean_errors, fail, ratio_text
-from ._cli_simulate import fleet_simulate
+from ._common import clean_errors, fail, ratio_text
+from ._fleet_simulate import fleet_simulate
 
 __all__ = ["fleet_app"]
 
@@ -96,52 +96,32 @@ def fleet_provision(
     must be readable by the user Mosquitto runs as: chown them once, ownership
     is kept on later rewrites.
     """
+    from model_cdn._mqtt_acl import provision_users, provisioning_acl
     from shared import ConfigError
 
-    from ._mqtt_acl import (
-        check_device_names,
-        generate_password,
-        merge_password_file,
-        password_file_users,
-        password_line,
-        render_acl_file,
-        write_private_file,
-    )
-
-    with clean_errors("fleet provision"):
+    command = "fleet provision"
+    with clean_errors(command):
         try:
-            acl_text = render_acl_file(prefix, hub_user=hub_user, cdn_user=cdn_user)
-            services = {hub_user, cdn_user}
-            check_device_names(
-                [d for d in devices if d not in services], hub_user=hub_user, cdn_user=cdn_user
-            )
-            if len(set(devices)) != len(devices):
-                raise ConfigError("a name is given twice")
+            provisioning_acl(devices, prefix=prefix, hub_user=hub_user, cdn_user=cdn_user)
         except ConfigError as e:
-            fail("fleet provision", str(e), 2)
+            fail(command, str(e), 2)
         targets = {passwd_file.resolve(), acl_file.resolve()}
         if len(targets) != 2 or (password_out is not None and password_out.resolve() in targets):
-            fail("fleet provision", "--passwd-file, --acl-file and --password-out must differ", 2)
-
-        existing = passwd_file.read_text(encoding="utf-8") if passwd_file.exists() else ""
-        known = set(password_file_users(existing))
-        passwords = {user: generate_password() for user in devices}
-        merged = merge_password_file(
-            existing, (password_line(user, pw) for user, pw in passwords.items())
+            fail(command, "--passwd-file, --acl-file and --password-out must differ", 2)
+        done = provision_users(
+            devices,
+            passwd_file=passwd_file,
+            acl_file=acl_file,
+            prefix=prefix,
+            hub_user=hub_user,
+            cdn_user=cdn_user,
+            password_out=password_out,
         )
-        secrets_text = "".join(f"{user} {pw}\n" for user, pw in passwords.items())
-        # Passwords first: if that fails, nothing is changed and nothing is lost.
-        if password_out is not None:
-            write_private_file(password_out, secrets_text)
-        write_private_file(passwd_file, merged)
-        write_private_file(acl_file, acl_text)
-
     if password_out is None:
-        typer.echo(secrets_text, nl=False)
+        typer.echo(done.secrets_text(), nl=False)
     for user in devices:
         role = " (hub)" if user == hub_user else " (cdn)" if user == cdn_user else ""
-        action = "rotated" if user in known else "added"
-        typer.echo(f"{action} {user}{role}", err=True)
+        typer.echo(f"{'rotated' if user in done.rotated else 'added'} {user}{role}", err=True)
     typer.echo(f"wrote {passwd_file} and {acl_file}; reload Mosquitto: kill -HUP <pid>", err=True)
 
 

@@ -1,0 +1,266 @@
+"""``tandem hub``: serve a model repository over MQTT and HTTP (``cloud_hub``'s ``serve``).
+
+The options are checked here, then ``cloud_hub._serve.serve`` runs the hub;
+this module loads only when ``tandem hub`` is asked for, and torch only when
+a model needs it. ``python -m cloud_hub`` is the same command without typer,
+for machines that install the hub alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cloud_hub._serve import (  # light: the hub's heavy parts load when it serves
+    LOG_LEVELS,
+    MQTT_CLIENTS,
+    default_workers,
+)
+
+from ._common import MqttCaOption, MqttCertOption, MqttKeyOption, TlsClientCaOption, TlsKeyOption
+
+__all__ = ["hub"]
+
+
+RepoOption = Annotated[
+    Path,
+    typer.Option(
+        "--repo",
+        "-r",
+        help="Model repository: <repo>/<model>/<version>/model.onnx (or model.pt), "
+        "plus an optional <repo>/<model>/config.json.",
+        exists=True,
+        file_okay=False,
+        dir_okay=True,
+        resolve_path=True,
+        show_default=False,
+    ),
+]
+BrokerOption = Annotated[
+    str,
+    typer.Option(help="MQTT broker URL: mqtt://[user[:pass]@]host[:port]; mqtts:// turns on TLS."),
+]
+ShareGroupOption = Annotated[
+    str,
+    typer.Option(
+        help="Shared-subscription group: hub replicas in the same group split the "
+        "requests, each answered once."
+    ),
+]
+NoShareOption = Annotated[
+    bool,
+    typer.Option(
+        "--no-share",
+        help="Subscribe without a shared subscription (one hub only, or brokers "
+        "without $share such as the embedded amqtt).",
+    ),
+]
+PrefixOption = Annotated[str, typer.Option(help="Topic prefix; must match the devices' prefix.")]
+HttpPortOption = Annotated[
+    int,
+    typer.Option(
+        help="Port of the HTTP API (Open Inference Protocol v2, as Triton and KServe "
+        "speak it, plus /metrics for Prometheus); 0 turns it off.",
+    ),
+]
+HttpHostOption = Annotated[
+    str,
+    typer.Option(
+        help="Address the HTTP API listens on; 0.0.0.0 for every interface. Without "
+        "--api-keys it has no authentication: expose it behind a proxy that adds it."
+    ),
+]
+ApiKeysOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--api-keys",
+        help="API key file ('tandem keys create'): /v2 model routes then need a key "
+        "with scope infer (or models:read for metadata), within its rate. Health "
+        "probes and /metrics stay open. Re-read when it changes.",
+        dir_okay=False,
+        show_default=False,
+    ),
+]
+HubTlsCertOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--tls-cert",
+        help="PEM certificate (chain) of the HTTP API: it then serves HTTPS. Needs --tls-key.",
+        show_default=False,
+    ),
+]
+LogLevelOption = Annotated[str, typer.Option(help=f"Logging level: {', '.join(LOG_LEVELS)}.")]
+LogFormatOption = Annotated[
+    str,
+    typer.Option(help="Log lines as 'text' or 'json' (one object a line, with request ids)."),
+]
+WorkersOption = Annotated[
+    int,
+    typer.Option(
+        help="MQTT ingress processes (default: one per core), all in the --share-group. "
+        "They decode and answer requests and pass tensors through shared memory to one "
+        "executor process per model instance, which batches them all in one queue: more "
+        "workers add throughput without splitting batches or loading the models twice.",
+        show_default=False,
+    ),
+]
+HttpWorkersOption = Annotated[
+    int,
+    typer.Option(
+        help="HTTP ingress processes sharing --http-port (the kernel spreads connections). "
+        "They are separate from the MQTT ones, so an HTTP flood cannot starve devices."
+    ),
+]
+DeviceOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Where every model runs: cpu, cuda or cuda:N. Default: each model's "
+        "config.json instance_group, else a GPU when there is one.",
+        show_default=False,
+    ),
+]
+MqttClientOption = Annotated[
+    str,
+    typer.Option(
+        help=f"MQTT client of the ingress processes: {', '.join(MQTT_CLIENTS)}. auto uses "
+        "awscrt's C client on MQTT 5 brokers (half the CPU per message of paho) and paho "
+        "on MQTT 3.1.1 ones."
+    ),
+]
+LegacyTopicsOption = Annotated[
+    bool,
+    typer.Option(
+        "--legacy-topics/--no-legacy-topics",
+        help="Also take requests on <prefix>/infer/<model> (devices of earlier releases), "
+        "answered where the request says. Devices now publish on their own "
+        "<prefix>/dev/<device>/infer/<model> and are answered on their own reply topic.",
+    ),
+]
+MaxInflightOption = Annotated[
+    int,
+    typer.Option(
+        "--max-inflight-mib",
+        help="HTTP request bodies the hub holds at once, in MiB; past it requests get 503 "
+        "(overloaded) at once instead of growing the hub's memory.",
+    ),
+]
+
+
+def hub(
+    repo: RepoOption,
+    broker: BrokerOption = "mqtt://127.0.0.1:1883",
+    share_group: ShareGroupOption = "hubs",
+    no_share: NoShareOption = False,
+    prefix: PrefixOption = "tandem/v1",
+    http_port: HttpPortOption = 8000,
+    http_host: HttpHostOption = "127.0.0.1",
+    api_keys: ApiKeysOption = None,
+    tls_cert: HubTlsCertOption = None,
+    tls_key: TlsKeyOption = None,
+    tls_client_ca: TlsClientCaOption = None,
+    mqtt_ca: MqttCaOption = None,
+    mqtt_cert: MqttCertOption = None,
+    mqtt_key: MqttKeyOption = None,
+    log_level: LogLevelOption = "info",
+    log_format: LogFormatOption = "text",
+    workers: WorkersOption = 0,
+    http_workers: HttpWorkersOption = 1,
+    device: DeviceOption = None,
+    mqtt_client: MqttClientOption = "auto",
+    legacy_topics: LegacyTopicsOption = True,
+    max_inflight_mib: MaxInflightOption = 256,
+) -> None:
+    """Serve a model repository to edge devices over MQTT, batching on the GPU when present.
+
+    Devices publish requests on <prefix>/dev/<device>/infer/<model>; the hub
+    batches them per model and answers on the device's reply topic. The same
+    models answer over HTTP on --http-port (POST /v2/models/<model>/infer, any
+    KServe v2 / Triton client), batched together with the MQTT requests; GET
+    /metrics (the whole hub) is for Prometheus.
+
+    The hub runs as processes: --workers MQTT and --http-workers HTTP ingress
+    processes in front of one executor process per model instance (config.json's
+    instance_group), which holds the model's batching queue; a process that dies
+    is restarted. Run several hubs with the same --share-group to scale across
+    machines. Stop with Ctrl-C or SIGTERM: the hub stops taking requests,
+    answers those in flight, and answers what is still queued "overloaded" so
+    devices fall back at once.
+
+    --tls-cert and --tls-key make the HTTP API HTTPS (--tls-client-ca: mutual
+    TLS); --mqtt-ca, --mqtt-cert and --mqtt-key are for an mqtts:// broker.
+
+    Example: tandem hub --repo ./models --broker mqtt://broker:1883 --http-port 8000
+    """
+    from cloud_hub._serve import HubServeSettings, check_options, serve
+    from shared import TandemError
+
+    workers = workers or default_workers()
+    problem = check_options(
+        log_level=log_level,
+        http_port=http_port,
+        log_format=log_format,
+        workers=workers,
+        no_share=no_share,
+        http_workers=http_workers,
+        mqtt_client=mqtt_client,
+        device=device,
+        max_inflight_mib=max_inflight_mib,
+    )
+    if problem is not None:
+        raise typer.BadParameter(problem[1], param_hint=problem[0])
+    _check_security(
+        api_keys if http_port else None,
+        (tls_cert, tls_key, tls_client_ca),
+        (mqtt_ca, mqtt_cert, mqtt_key),
+    )
+    settings = HubServeSettings(
+        repo=repo,
+        broker=broker,
+        share_group=share_group,
+        no_share=no_share,
+        prefix=prefix,
+        legacy_topics=legacy_topics,
+        http_port=http_port,
+        http_host=http_host,
+        api_keys=api_keys.resolve() if api_keys is not None and http_port else None,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_client_ca=tls_client_ca,
+        mqtt_ca=mqtt_ca,
+        mqtt_cert=mqtt_cert,
+        mqtt_key=mqtt_key,
+        mqtt_client=mqtt_client,
+        device=device,
+        workers=workers,
+        http_workers=http_workers,
+        max_inflight_mib=max_inflight_mib,
+        log_level=log_level,
+        log_format=log_format,
+    )
+    try:
+        serve(settings)
+    except TandemError as e:
+        typer.echo(f"tandem hub: {e}", err=True)
+        raise typer.Exit(1) from e
+
+
+def _check_security(
+    api_keys: Path | None, https: tuple[Path | None, ...], mqtts: tuple[Path | None, ...]
+) -> None:
+    """The API key file and TLS files must work; a mistake in them exits 2 (one line)."""
+    from cloud_hub._serve import https_settings
+    from shared import ApiKeyGuard, TandemError, TlsSettings
+
+    try:  # a command-line mistake: one line and exit code 2, before anything starts
+        https_settings(*https)
+        TlsSettings.from_files(ca_certs=mqtts[0], certfile=mqtts[1], keyfile=mqtts[2])
+    except ValueError as e:  # ConfigError is a ValueError
+        typer.echo(f"tandem hub: {e}", err=True)
+        raise typer.Exit(2) from e
+    try:
+        if api_keys is not None:
+            ApiKeyGuard.from_file(api_keys)
+    except TandemError as e:
+        raise typer.BadParameter(str(e), param_hint="--api-keys") from e

@@ -1,0 +1,119 @@
+"""Attacks on the hub by a device with valid credentials, each staged on a real Mosquitto.
+
+A device publishes requests on its own topic (``…/dev/{device}/infer/{model}``),
+which the broker's ACL lets only that device write; the hub answers on that
+device's reply topic, whatever the frame says.
+"""
+
+from __future__ import annotations
+
+import queue
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cloud_hub import Hub
+from shared import ErrorCode, Message, MqttSettings, Topics, encode_message, new_request_id
+
+from ._models import linear_classifier_weights, write_linear_classifier
+from ._mqtt_device import WAIT_S, Device
+
+
+def x_rows(n: int = 2) -> np.ndarray:
+    return np.random.default_rng(n).normal(size=(n, 16)).astype(np.float32)
+
+
+@pytest.fixture
+def topics() -> Topics:
+    return Topics(f"t-{uuid.uuid4().hex[:8]}/v1")
+
+
+@pytest.fixture
+def hub(mosquitto: Any, tmp_path: Path, topics: Topics) -> Iterator[Hub]:
+    write_linear_classifier(tmp_path / "repo" / "linear" / "1" / "model.onnx")
+    with Hub(tmp_path / "repo", mqtt=MqttSettings.from_url(mosquitto.url), topics=topics) as h:
+        yield h
+
+
+@pytest.fixture
+def devices(mosquitto: Any, topics: Topics) -> Iterator[tuple[Device, Device]]:
+    attacker, victim = Device(mosquitto.url, topics), Device(mosquitto.url, topics)
+    yield attacker, victim
+    attacker.close()
+    victim.close()
+
+
+def test_a_request_on_a_devices_own_topic_is_answered_on_its_reply_topic(
+    hub: Hub, devices: tuple[Device, Device]
+) -> None:
+    device, _ = devices
+    x = x_rows()
+    request_id = device.request("linear", {"x": x}, own_topic=True)
+    reply = device.reply(request_id)
+    weight, bias = linear_classifier_weights()
+    np.testing.assert_allclose(reply.tensors["logits"], x @ weight + bias, rtol=1e-5, atol=1e-5)
+
+
+def test_reply_redirection_to_another_device_goes_back_to_the_sender(
+    hub: Hub, devices: tuple[Device, Device]
+) -> None:
+    attacker, victim = devices
+    ids = [
+        attacker.request("linear", {"x": x_rows()}, own_topic=True, reply_to=victim.reply_topic)
+        for _ in range(10)
+    ]
+    got = [attacker.reply().request_id for _ in ids]
+    assert sorted(got) == sorted(ids)  # every reply came back to the attacker itself ...
+    with pytest.raises(queue.Empty):  # ... and none to the victim (the last one is long in)
+        victim.replies.get_nowait()
+
+
+def test_a_header_naming_another_device_is_refused_to_the_sender(
+    hub: Hub, devices: tuple[Device, Device]
+) -> None:
+    attacker, victim = devices
+    message = Message(
+        kind="request",
+        request_id=new_request_id(),
+        model="linear",
+        device_id=victim.device_id,
+        reply_to=victim.reply_topic,
+        tensors={"x": x_rows()},
+    )
+    attacker.publish(
+        attacker.topics.device_infer(attacker.device_id, "linear"), encode_message(message)
+    )
+    reply = attacker.reply(message.request_id)
+    assert reply.error is ErrorCode.BAD_REQUEST and victim.device_id in reply.error_message
+    assert victim.replies.empty()
+
+
+@pytest.mark.parametrize("own_topic", [True, False])
+def test_a_retained_request_is_never_answered(
+    mosquitto: Any, tmp_path: Path, topics: Topics, devices: tuple[Device, Device], own_topic: bool
+) -> None:
+    attacker, victim = devices
+    planted = attacker.request(
+        "linear", {"x": x_rows()}, own_topic=own_topic, retain=True, reply_to=victim.reply_topic
+    )
+    write_linear_classifier(tmp_path / "repo" / "linear" / "1" / "model.onnx")
+    try:
+        # The hub starts after the retained request exists: the broker hands it over on
+        # subscribe, before any later message, so once a later request is answered, the
+        # retained one would have been too.
+        with Hub(tmp_path / "repo", mqtt=MqttSettings.from_url(mosquitto.url), topics=topics) as h:
+            later = attacker.request("linear", {"x": x_rows()}, own_topic=True)
+            assert attacker.reply().request_id == later
+            assert h.worker is not None and h.worker.stats().get("dropped", 0) >= 1
+        assert victim.replies.empty() and attacker.replies.empty(), planted
+    finally:  # clear the retained message for whoever uses this broker next
+        topic = (
+            topics.device_infer(attacker.device_id, "linear")
+            if own_topic
+            else topics.infer("linear")
+        )
+        attacker.client.publish(topic, b"", qos=1, retain=True).wait_for_publish(WAIT_S)
