@@ -26,6 +26,7 @@ from edge_agent import (
     BreakerState,
     CircuitBreaker,
     EdgeAgent,
+    InferenceResult,
     InvalidInputError,
     NoAnswerError,
     OffloadPolicy,
@@ -302,7 +303,7 @@ def test_a_broker_restart_ends_the_breakers_cool_down_at_a_probe_reply(
             assert uplink.wait_connected(20)  # the device is back before the hub
         with Responder(own_mosquitto.url, cloud_answer):
             # The app keeps calling; a probe goes out at most every half second meanwhile.
-            after = [agent.infer(sample(), deadline_ms=1000)]
+            after: list[InferenceResult] = []
             _wait_for(
                 lambda: (
                     after.append(agent.infer(sample(), deadline_ms=1000))
@@ -311,7 +312,8 @@ def test_a_broker_restart_ends_the_breakers_cool_down_at_a_probe_reply(
                 "an answer from the cloud",
             )
     assert during[-1] == "fallback:breaker_open"
-    assert {r.reason for r in after[:-1]} <= {"fallback:breaker_open"}
+    # Until then the local answer, without waiting (or one probe that met no hub yet).
+    assert {r.reason for r in after[:-1]} <= {"fallback:breaker_open", "fallback:timeout"}
     assert after[-1].source is Source.CLOUD and agent.breaker.state is BreakerState.CLOSED
 
 
