@@ -63,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         add(name, type=Path, help=what)
     add("--log-level", default="info", help=", ".join(LOG_LEVELS))
     add("--log-format", default="text", help=" or ".join(LOG_FORMATS))
-    add("--workers", type=int, default=default_workers(), help="MQTT ingress processes")
+    add("--workers", type=int, help="MQTT ingress processes (default: one per core)")
     add("--http-workers", type=int, default=1, help="HTTP ingress processes")
     add("--device", help="cpu, cuda or cuda:N for every model (default: each config's)")
     add("--mqtt-client", default="auto", help=", ".join(MQTT_CLIENTS))
@@ -75,6 +75,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = _parser()
     a = parser.parse_args(argv)
+    if a.workers is None:  # one per core, or one alone without a shared subscription
+        a.workers = 1 if a.no_share else default_workers()
     problem = check_options(
         log_level=a.log_level,
         http_port=a.http_port,

@@ -1,4 +1,10 @@
-"""A hub in its own process (``python -m cloud_hub``), stopped or killed by its PID."""
+"""A hub in its own processes (``python -m cloud_hub``), stopped, frozen or killed by PID.
+
+The hub runs as a supervisor and its children (executor and ingress
+processes), started in a session of their own, so their process group (the
+supervisor's PID) reaches them all: ``freeze`` stops every one of them, and
+``kill`` ends them all at once, as a crash of the machine's hub would.
+"""
 
 from __future__ import annotations
 
@@ -35,14 +41,23 @@ class HubProcess:
     def start(self) -> HubProcess:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
-                self.command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT
+                self.command,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         return self
 
+    def freeze(self) -> None:
+        """SIGSTOP to every process of the hub: it holds what it took and answers nothing."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGSTOP)
+
     def kill(self) -> None:
-        """SIGKILL: no goodbye, no flushing — what a crash looks like."""
+        """SIGKILL to every process of the hub: no goodbye, no flushing, a crash."""
         if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
+            os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(10)
 
     def stop(self) -> None:

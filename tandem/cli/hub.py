@@ -99,7 +99,8 @@ LogFormatOption = Annotated[
 WorkersOption = Annotated[
     int,
     typer.Option(
-        help="MQTT ingress processes (default: one per core), all in the --share-group. "
+        help="MQTT ingress processes (default: one per core; one with --no-share), all in "
+        "the --share-group. "
         "They decode and answer requests and pass tensors through shared memory to one "
         "executor process per model instance, which batches them all in one queue: more "
         "workers add throughput without splitting batches or loading the models twice.",
@@ -196,7 +197,7 @@ def hub(
     from cloud_hub._serve import HubServeSettings, check_options, serve
     from shared import TandemError
 
-    workers = workers or default_workers()
+    workers = workers or (1 if no_share else default_workers())
     problem = check_options(
         log_level=log_level,
         http_port=http_port,
