@@ -138,10 +138,12 @@ class BaseAgent:
         self.labels = check_labels(labels)  # reported in telemetry, e.g. {"site": "factory-a"}
         self._latency_window = latency_window
         self.runtime = load_runtime(model) if isinstance(model, str | Path) else model
-        if self.runtime is None and cloud_model is None:
-            raise ValueError("give a local model, a cloud_model, or both")
-        if self.runtime is None and broker is None:
-            raise ValueError("an agent without a local model needs a broker")
+        if self.runtime is None and (cloud_model is None or broker is None):
+            raise ValueError(
+                "no local model (on a fresh device, ModelUpdater.bootstrap returns None until "
+                "the first install), so the agent answers from the cloud: give broker= and "
+                "cloud_model= (the hub's model name), and input_name= to call it with an array"
+            )
         if default_deadline_ms <= 0:
             raise ValueError("default_deadline_ms must be positive")
         self.device_id = device_id

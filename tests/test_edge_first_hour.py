@@ -218,6 +218,16 @@ def test_a_cloud_only_call_for_a_model_the_hub_lacks_says_so(
         agent.infer(sample(), deadline_ms=5000)
 
 
+def test_a_fresh_device_without_cloud_settings_is_told_what_to_give(tmp_path: Path) -> None:
+    from edge_agent import ModelUpdater
+
+    runtime = ModelUpdater.bootstrap(tmp_path / "models", [], "mnist-edge")
+    assert runtime is None  # nothing installed yet
+    with pytest.raises(ValueError, match=r"broker= and cloud_model=") as e:
+        EdgeAgent(runtime, device_id="fresh-1")
+    assert "ModelUpdater.bootstrap returns None" in str(e.value)
+
+
 # -- a broker that is not there at start -----------------------------------------------------
 
 
