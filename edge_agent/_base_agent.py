@@ -55,7 +55,7 @@ from shared import Limits, Message, MqttSettings, Topics, TransferOptions
 
 from ._breaker import CircuitBreaker
 from ._cloud_probe import CloudProbe
-from ._errors import EdgeError, InvalidInputError, NoAnswerError
+from ._errors import EdgeError, InvalidInputError
 from ._estimator import LatencyEstimator, NetworkEstimator, RecentHigh
 from ._inflight import InflightCounter
 from ._input_values import check_values
@@ -64,8 +64,8 @@ from ._outcome import (
     CloudOutcome,
     Fallback,
     FallbackReason,
-    blames_input,
     hub_unavailable,
+    no_answer_error,
 )
 from ._policy import Decision, OffloadPolicy, RequestFacts
 from ._report import AgentMetrics
@@ -179,23 +179,29 @@ class BaseAgent:
         self.telemetry = TelemetryRecorder(window=latency_window)
         self._local_inflight = InflightCounter()
         self.uplink: MqttUplink | None = None
+        self.cloud_probe: CloudProbe | None = None
         if broker is not None:
             settings = broker if isinstance(broker, MqttSettings) else MqttSettings.from_url(broker)
-            self.uplink = MqttUplink(
-                settings, device_id=device_id, topics=topics, transfer=transfer, limits=limits
+            self._attach_uplink(
+                MqttUplink(
+                    settings, device_id=device_id, topics=topics, transfer=transfer, limits=limits
+                ),
+                cloud_model_given=cloud_model is not None,
             )
-            self.cloud_probe: CloudProbe | None = CloudProbe(
-                self.uplink,
-                self.breaker,
-                model=self.cloud_model,
-                version=cloud_version,
-                id_prefix=self._id_prefix,
-                defaulted=cloud_model is None,
-            )
-            self.uplink.on_connected = self.cloud_probe.send
-            self.uplink.on_late_reply = self._late_reply
-        else:
-            self.cloud_probe = None
+
+    def _attach_uplink(self, uplink: MqttUplink, *, cloud_model_given: bool) -> None:
+        """Use ``uplink``; a probe on every connect, late replies heard by the breaker."""
+        probe = CloudProbe(
+            uplink,
+            self.breaker,
+            model=self.cloud_model,
+            version=self.cloud_version,
+            id_prefix=self._id_prefix,
+            defaulted=not cloud_model_given,
+        )
+        uplink.on_connected = probe.send
+        uplink.on_late_reply = self._late_reply
+        self.uplink, self.cloud_probe = uplink, probe
 
     @property
     def runtime(self) -> ModelRuntime | None:
@@ -409,21 +415,7 @@ class BaseAgent:
 
     def _no_answer(self, outcome: Fallback) -> EdgeError:
         """The error for a call with no local model whose cloud try failed."""
-        reason, detail = outcome.reason, outcome.detail
-        if blames_input(reason):  # the input's fault, which only the hub could check
-            return InvalidInputError(
-                f"the hub refused the input for model {self.cloud_model!r}: "
-                f"{detail or reason.cause}"
-            )
-        if reason is FallbackReason.UNKNOWN_MODEL:
-            return NoAnswerError(
-                f"model {self.cloud_model!r} is not on this device and the hub does not serve "
-                f"it ({detail or reason}); check cloud_model="
-            )
-        return NoAnswerError(
-            f"model {self.cloud_model!r} is not on this device and the cloud failed ({reason}"
-            + (f": {detail})" if detail else ")")
-        )
+        return no_answer_error(self.cloud_model, outcome)
 
     def _late_reply(self, reply: Message) -> None:
         """A hub reply that came after its request gave up: the hub is there again."""
