@@ -134,6 +134,7 @@ class BaseAgent:
         latency_window: int = 1024,
         labels: Mapping[str, str] | None = None,
         allow_non_finite: bool = False,
+        probe_cloud: bool = True,
     ) -> None:
         self.labels = check_labels(labels)  # reported in telemetry, e.g. {"site": "factory-a"}
         self._latency_window = latency_window
@@ -187,11 +188,15 @@ class BaseAgent:
                     settings, device_id=device_id, topics=topics, transfer=transfer, limits=limits
                 ),
                 cloud_model_given=cloud_model is not None,
+                probe=probe_cloud,
             )
 
-    def _attach_uplink(self, uplink: MqttUplink, *, cloud_model_given: bool) -> None:
-        """Use ``uplink``; a probe on every connect, late replies heard by the breaker."""
-        probe = CloudProbe(
+    def _attach_uplink(self, uplink: MqttUplink, *, cloud_model_given: bool, probe: bool) -> None:
+        """Use ``uplink``; late replies heard by the breaker; with ``probe``, hub probes.
+
+        ``probe_cloud=False`` sends none (each costs the hub a failed-request count).
+        """
+        cloud_probe = CloudProbe(
             uplink,
             self.breaker,
             model=self.cloud_model,
@@ -199,9 +204,11 @@ class BaseAgent:
             id_prefix=self._id_prefix,
             defaulted=not cloud_model_given,
         )
-        uplink.on_connected = probe.send
         uplink.on_late_reply = self._late_reply
-        self.uplink, self.cloud_probe = uplink, probe
+        self.uplink = uplink
+        if probe:
+            uplink.on_connected = cloud_probe.send
+            self.cloud_probe = cloud_probe
 
     @property
     def runtime(self) -> ModelRuntime | None:

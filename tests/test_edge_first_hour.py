@@ -207,6 +207,21 @@ def test_a_served_cloud_model_passes_the_probe_silently(
     assert not [r for r in caplog.records if r.name == "tandem.edge"]
 
 
+def test_probe_cloud_false_sends_no_probe(linear_onnx: Path, mosquitto: MosquittoProcess) -> None:
+    runtime = load_runtime(linear_onnx, name="linear")
+    agent = EdgeAgent(
+        runtime,
+        device_id="quiet-1",
+        broker=mosquitto.url,
+        policy=OffloadPolicy.always_cloud(),
+        probe_cloud=False,
+    )
+    with Responder(mosquitto.url, cloud_answer) as responder, agent:
+        assert agent.infer(sample(), deadline_ms=5000).source is Source.CLOUD
+    assert agent.cloud_probe is None
+    assert responder.probes == [] and len(responder.requests) == 1
+
+
 def test_a_cloud_only_call_for_a_model_the_hub_lacks_says_so(
     hub: tuple[MqttSettings, Topics],
 ) -> None:
