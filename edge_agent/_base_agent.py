@@ -56,7 +56,7 @@ from shared import Limits, Message, MqttSettings, Topics, TransferOptions
 from ._breaker import CircuitBreaker
 from ._cloud_probe import CloudProbe
 from ._errors import EdgeError, InvalidInputError
-from ._estimator import LatencyEstimator, NetworkEstimator, RecentHigh
+from ._estimator import DecayingMax, LatencyEstimator, NetworkEstimator
 from ._inflight import InflightCounter
 from ._input_values import check_values
 from ._outcome import (
@@ -165,7 +165,7 @@ class BaseAgent:
         self.local_estimator = local_estimator or LatencyEstimator()
         # How much later than asked a wait for the cloud returned (ms): the thread must be
         # scheduled again and take the GIL, which on a busy device costs milliseconds.
-        self.wake_lateness_ms = RecentHigh(window=64, quantile=1.0)
+        self.wake_lateness_ms = DecayingMax(half_life_s=2.0)
         self.network_estimator = network_estimator or NetworkEstimator()
         # Answered calls by (source, reason, deadline met): one increment per call; the
         # totals ``stats`` reports are summed when read.
@@ -323,11 +323,12 @@ class BaseAgent:
         """How long the cloud may take, or why it must not be tried now; sets ``wake_at``.
 
         Held back from the deadline: the safety margin, how late recent waits
-        woke up (the most of the last 64: a late wake-up means a busy device,
-        which lasts), and, when the local model has not run yet, a slow local
-        run (the 97th percentile of recent ones, not the average: the run after
-        a wait is often slower, and a fallback that ends late breaks its
-        deadline).
+        woke up (the largest, halved every 2 s: a late wake-up means a busy
+        device, which lasts a while; capped at a quarter of the deadline, so
+        one long stall cannot keep the cloud from being tried), and, when the
+        local model has not run yet, a slow local run (the 97th percentile of
+        recent ones, not the average: the run after a wait is often slower,
+        and a fallback that ends late breaks its deadline).
         """
         if self.uplink is None:
             return Fallback(FallbackReason.NO_UPLINK)
@@ -335,7 +336,8 @@ class BaseAgent:
             if self.cloud_probe is not None:
                 self.cloud_probe.on_breaker_open()
             return Fallback(FallbackReason.BREAKER_OPEN)
-        reserve = self.safety_margin_ms + self.wake_lateness_ms.get()
+        lateness = min(self.wake_lateness_ms.get(), call.deadline_ms * 0.25)
+        reserve = self.safety_margin_ms + lateness
         if call.local_outputs is None:
             reserve += self.local_estimator.predict_high_ms(self._local_inflight.value)
         now = _now()

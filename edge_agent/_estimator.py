@@ -12,17 +12,22 @@ waited). ``RecentHigh`` is a high quantile of the last few samples (by
 default the 97th percentile: of 64 samples, the third largest): it follows
 the slow runs, but one or two freak spikes (a page fault, a first run) do
 not hold back every deadline after them; ``LatencyEstimator.predict_high_ms``
-is the local run's. Pure arithmetic; thread-safe enough for CPython (float
-stores and deque appends are atomic, and an occasional lost update only
-delays convergence).
+is the local run's. ``DecayingMax`` is the largest recent sample, fading
+with a half-life in time rather than in samples: for figures sampled only
+now and then (how late a timed-out wait woke up), where a window of samples
+would keep one old spike for hours. Pure arithmetic; thread-safe enough for
+CPython (float stores and deque appends are atomic, and an occasional lost
+update only delays convergence).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Ewma", "LatencyEstimator", "NetworkEstimator", "RecentHigh"]
+__all__ = ["DecayingMax", "Ewma", "LatencyEstimator", "NetworkEstimator", "RecentHigh"]
 
 
 @dataclass
@@ -63,6 +68,31 @@ class RecentHigh:
         if not samples:
             return self.prior
         return samples[round(self.quantile * (len(samples) - 1))]
+
+
+class DecayingMax:
+    """The largest sample, halved every ``half_life_s`` since it was seen; 0 before any."""
+
+    def __init__(
+        self, *, half_life_s: float = 2.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if not half_life_s > 0:
+            raise ValueError("half_life_s must be positive")
+        self.half_life_s = half_life_s
+        self._clock = clock
+        self._value = 0.0
+        self._at = clock()
+
+    def observe(self, sample: float) -> None:
+        now = self._clock()
+        self._value = max(sample, self._decayed(now))
+        self._at = now
+
+    def get(self) -> float:
+        return self._decayed(self._clock())
+
+    def _decayed(self, now: float) -> float:
+        return self._value * 0.5 ** (max(0.0, now - self._at) / self.half_life_s)
 
 
 class LatencyEstimator:

@@ -296,6 +296,37 @@ def test_async_start_without_a_broker_says_so_too(
     assert [r for r in caplog.records if "answering locally meanwhile" in r.getMessage()]
 
 
+# -- fallbacks by the deadline, without locking the cloud out ------------------------------------
+
+
+def test_one_long_stall_does_not_keep_the_cloud_from_being_tried(
+    linear_onnx: Path, mosquitto: MosquittoProcess
+) -> None:
+    runtime = load_runtime(linear_onnx, name="linear")
+    agent = EdgeAgent(
+        runtime, device_id="stall-1", broker=mosquitto.url, policy=OffloadPolicy.always_cloud()
+    )
+    with Responder(mosquitto.url, cloud_answer) as responder, agent:
+        agent.wake_lateness_ms.observe(10_000.0)  # a wait once woke ten seconds late
+        result = agent.infer(sample(), deadline_ms=2000)
+    assert result.source is Source.CLOUD  # not fallback:no_time: the reserve is capped
+    assert 0 < (responder.requests[0].timeout_ms or 0) <= 2000 * 0.75
+
+
+def test_how_late_waits_woke_fades_with_time() -> None:
+    from edge_agent._estimator import DecayingMax
+
+    now = [0.0]
+    high = DecayingMax(half_life_s=2.0, clock=lambda: now[0])
+    assert high.get() == 0.0
+    high.observe(40.0)
+    high.observe(1.0)  # smaller: the 40 stands, fading
+    now[0] = 2.0
+    assert high.get() == pytest.approx(20.0)
+    now[0] = 20.0
+    assert high.get() < 0.1  # ten half-lives: gone, with no sample needed to push it out
+
+
 # -- a hub that comes back while the breaker is open -------------------------------------------
 
 
