@@ -544,6 +544,8 @@ class BaseAgent:
             raise ValueError("calibration needs a local model")
         named = self._name_inputs(samples, runtime)
         n = next(iter(named.values())).shape[0]
+        if n == 0:
+            raise ValueError("calibrate() needs at least one sample")
         batches = []
         for start in range(0, n, batch_size):
             chunk = {k: v[start : start + batch_size] for k, v in named.items()}

@@ -139,6 +139,13 @@ def test_an_empty_batch_is_a_typed_error_not_a_numpy_one(
     assert responder.requests == []
 
 
+def test_calibrating_on_no_samples_says_so(linear_onnx: Path) -> None:
+    runtime = load_runtime(linear_onnx, name="linear")
+    agent = EdgeAgent(runtime, device_id="empty-3", policy=OffloadPolicy.budget(0.2))
+    with agent, pytest.raises(ValueError, match="at least one sample"):
+        agent.calibrate(np.zeros((0, 16), np.float32))
+
+
 # -- errors that blame the right thing --------------------------------------------------------
 
 
