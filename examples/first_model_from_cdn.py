@@ -70,9 +70,9 @@ def main(broker_url: str | None = None, n: int = 100) -> dict[str, object]:
         registry, store, version = publish_and_assign(workdir, key)
         cdn_app = create_app(registry=registry, store=store, admin_token=None)
         with (
-            HttpServer(cdn_app, port=0) as cdn,
             local_broker(broker_url) as mqtt,
             mnist_hub(models, mqtt),
+            HttpServer(cdn_app, port=0) as cdn,
         ):
             # ---- the device ----
             device_store = workdir / "device-models"
