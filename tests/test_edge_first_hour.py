@@ -242,8 +242,10 @@ def test_a_cloud_only_call_for_a_model_the_hub_lacks_says_so(
 
 def test_a_fresh_device_without_cloud_settings_is_told_what_to_give(tmp_path: Path) -> None:
     from edge_agent import ModelUpdater
+    from shared import SigningKey
 
-    runtime = ModelUpdater.bootstrap(tmp_path / "models", [], "mnist-edge")
+    keys = [SigningKey.generate().public_key]  # pinned at provisioning
+    runtime = ModelUpdater.bootstrap(tmp_path / "models", keys, "mnist-edge")
     assert runtime is None  # nothing installed yet
     with pytest.raises(ValueError, match=r"broker= and cloud_model=") as e:
         EdgeAgent(runtime, device_id="fresh-1")
