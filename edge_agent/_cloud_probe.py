@@ -20,7 +20,7 @@ it sent on connect found nobody). It never waits for one; what comes back:
 
 Cost to the hub: one small frame and one error reply per device connect,
 and per device at most one per ``interval_s`` while it is unreachable (so
-none reach it); its metrics count each as a failed ``invalid_input`` request.
+none reach it); the hub counts probes apart from its requests (not as failures).
 """
 
 from __future__ import annotations
