@@ -21,16 +21,18 @@ wire ``ErrorCode`` a device receives.
 
 import importlib as _importlib
 
-from ._batcher import DynamicBatcher, InferenceResult, ResultFuture
+from ._batcher import DynamicBatcher, HubResult, InferenceResult, ResultFuture
 from ._config import ModelConfig, TensorSpec
 from ._errors import (
     BadRequestError,
     BrokerError,
     DeadlineExceededError,
     ExecutorError,
+    ExecutorReplyError,
     HubError,
     HubStoppingError,
     InvalidRequestError,
+    LinkClosedError,
     ModelConfigError,
     ModelNotFoundError,
     OverloadedError,
@@ -55,12 +57,15 @@ __all__ = [
     "DynamicBatcher",
     "Executor",
     "ExecutorError",
+    "ExecutorReplyError",
     "Hub",
     "HubError",
     "HubMetrics",
+    "HubResult",
     "HubStoppingError",
     "InferenceResult",
     "InvalidRequestError",
+    "LinkClosedError",
     "ModelConfig",
     "ModelConfigError",
     "ModelNotFoundError",

@@ -2,7 +2,7 @@
 
 A transport decodes a request and calls ``backend.submit(model, version,
 inputs, deadline=, arrival=, done=)``; ``done`` is later called exactly once
-with an ``InferenceResult`` or the exception to answer with. A request refused
+with an ``HubResult`` or the exception to answer with. A request refused
 at once (unknown model, invalid inputs, overloaded) raises from ``submit``
 instead. Two backends:
 
@@ -26,8 +26,8 @@ import numpy as np
 
 from shared import ErrorCode
 
-from ._batcher import InferenceResult
-from ._errors import HubError, HubStoppingError
+from ._batcher import HubResult
+from ._errors import ExecutorReplyError, HubError, HubStoppingError
 from ._link import ModelInfo
 from ._records import ReplyRecord
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Backend", "Done", "ExecutorReplyError", "LocalBackend", "Outcome", "PoolBackend"]
 
-Outcome = InferenceResult | BaseException
+Outcome = HubResult | BaseException
 Done = Callable[[Outcome], None]
 
 
@@ -60,14 +60,6 @@ class Backend(Protocol):
     def ready(self) -> bool: ...
 
     def model_ready(self, model: str, version: str | None = None) -> bool: ...
-
-
-class ExecutorReplyError(HubError):
-    """An executor answered a request with an error; ``code`` is the code it sent."""
-
-    def __init__(self, message: str, code: ErrorCode) -> None:
-        super().__init__(message)
-        self.code = code  # type: ignore[misc]  # an instance's own code, not the class's
 
 
 class LocalBackend:
@@ -109,7 +101,7 @@ class LocalBackend:
         )
 
 
-def _outcome(future: concurrent.futures.Future[InferenceResult]) -> Outcome:
+def _outcome(future: concurrent.futures.Future[HubResult]) -> Outcome:
     try:
         return future.result(timeout=0)
     except concurrent.futures.CancelledError:
@@ -162,7 +154,7 @@ def _result(info: ModelInfo, reply: ReplyRecord | HubError) -> Outcome:
     if reply.error is not ErrorCode.OK:
         return ExecutorReplyError(reply.message, reply.error)
     outputs = {info.outputs[index].name: array for index, array in reply.tensors}
-    return InferenceResult(
+    return HubResult(
         outputs=outputs,
         model=info.model,
         model_version=info.version,

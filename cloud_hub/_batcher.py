@@ -69,13 +69,13 @@ from ._queue import (
 )
 from .executors import Executor
 
-__all__ = ["DynamicBatcher", "InferenceResult", "ResultFuture"]
+__all__ = ["DynamicBatcher", "HubResult", "InferenceResult", "ResultFuture"]
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class InferenceResult:
+class HubResult:
     """The outputs of one request and how it was served. Times in milliseconds."""
 
     outputs: dict[str, np.ndarray]
@@ -87,10 +87,14 @@ class InferenceResult:
     batch_requests: int  # requests in that batch
 
 
-class ResultFuture(concurrent.futures.Future[InferenceResult]):
+InferenceResult = HubResult
+"""Deprecated name of ``HubResult`` (``edge_agent.InferenceResult`` is the device's answer)."""
+
+
+class ResultFuture(concurrent.futures.Future[HubResult]):
     """A ``concurrent.futures.Future`` that can also be awaited in an asyncio loop."""
 
-    def __await__(self) -> Generator[Any, None, InferenceResult]:
+    def __await__(self) -> Generator[Any, None, HubResult]:
         return asyncio.wrap_future(self).__await__()
 
 
@@ -298,7 +302,7 @@ class DynamicBatcher:
             return
         for request, part, waited in zip(live, parts, waits, strict=True):
             request.ticket.set_result(
-                InferenceResult(
+                HubResult(
                     outputs=part,
                     model=self.model,
                     model_version=self.version,

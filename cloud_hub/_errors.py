@@ -11,10 +11,14 @@ Exception tree::
         │   └── RequestTooLargeError          more rows than max_batch_size -> TOO_LARGE
         ├── ModelNotFoundError (LookupError)  no such model or version      -> UNKNOWN_MODEL
         ├── OverloadedError                   the model's queue is full     -> OVERLOADED
-        │   └── HubStoppingError              the hub is shutting down      -> OVERLOADED
+        │   ├── HubStoppingError              the hub is shutting down      -> OVERLOADED
+        │   └── LinkClosedError               the executor (or ingress)     -> OVERLOADED
+        │                                     process at the other end went away
         ├── DeadlineExceededError             expired before compute        -> DEADLINE_EXCEEDED
         ├── ExecutorError                     the model raised or returned  -> INTERNAL
         │                                     a malformed result
+        ├── ExecutorReplyError                an executor process answered  -> its code
+        │                                     with an error
         ├── RepositoryError                   a model could not be loaded   -> INTERNAL
         │   └── ModelConfigError (ValueError) a config.json that cannot work
         └── BrokerError                       the MQTT broker cannot be reached
@@ -48,9 +52,11 @@ __all__ = [
     "BrokerError",
     "DeadlineExceededError",
     "ExecutorError",
+    "ExecutorReplyError",
     "HubError",
     "HubStoppingError",
     "InvalidRequestError",
+    "LinkClosedError",
     "ModelConfigError",
     "ModelNotFoundError",
     "OverloadedError",
@@ -100,6 +106,14 @@ class HubStoppingError(OverloadedError):
     """The hub is shutting down and will not compute this request."""
 
 
+class LinkClosedError(OverloadedError):
+    """The process at the other end of an ingress-executor link went away (stopped, crashed).
+
+    A request in flight on it is answered ``overloaded``: the device falls back
+    at once, and the hub connects again when the process is back.
+    """
+
+
 class DeadlineExceededError(HubError):
     """The request's deadline passed before it could be computed."""
 
@@ -110,6 +124,14 @@ class ExecutorError(HubError):
     """The model raised, or returned something other than one row per input row."""
 
     code = ErrorCode.INTERNAL
+
+
+class ExecutorReplyError(HubError):
+    """An executor process answered a request with an error; ``code`` is the one it sent."""
+
+    def __init__(self, message: str, code: ErrorCode) -> None:
+        super().__init__(message)
+        self.code = code  # type: ignore[misc]  # an instance's own code, not the class's
 
 
 class RepositoryError(HubError):

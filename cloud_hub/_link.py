@@ -56,7 +56,7 @@ import numpy as np
 
 from shared import ErrorCode, TensorSpec
 
-from ._errors import HubError
+from ._errors import LinkClosedError
 from ._records import (
     REPLY,
     REQUEST,
@@ -85,12 +85,6 @@ DEFAULT_RING_BYTES = 128 * 1024 * 1024  # virtual; resident only while in use
 _POSITIONS = struct.Struct("<QQQ")
 _HELLO_BYTES = 64 * 1024
 _ACK_EVERY = 8  # besides with replies, ack when this fraction of a ring is freed
-
-
-class LinkClosedError(HubError):
-    """The peer process closed the link (it stopped or crashed)."""
-
-    code = ErrorCode.OVERLOADED
 
 
 def executor_address(hub_id: str, model: str, instance: int) -> str:

@@ -64,7 +64,7 @@ from shared import (
 )
 
 from ._backend import Backend, Outcome
-from ._batcher import InferenceResult
+from ._batcher import HubResult
 from ._errors import BadRequestError, BrokerError, HubError, error_code
 from ._wire import ReplyTarget, reply_topic_allowed, salvage_target
 
@@ -85,7 +85,7 @@ class ReplyObserver(Protocol):
         *,
         received: float,
         error: ErrorCode,
-        result: InferenceResult | None,
+        result: HubResult | None,
     ) -> None: ...
 
 
@@ -273,7 +273,7 @@ class MqttFront:
             )
 
     def _reply_for(self, target: ReplyTarget, outcome: Outcome) -> tuple[Message, bytes]:
-        if isinstance(outcome, InferenceResult):
+        if isinstance(outcome, HubResult):
             reply = target.request.reply(
                 tensors=outcome.outputs,
                 model_version=outcome.model_version,
@@ -309,7 +309,7 @@ class MqttFront:
                 target.model_version,
                 received=target.received,
                 error=reply.error,
-                result=outcome if reply.ok and isinstance(outcome, InferenceResult) else None,
+                result=outcome if reply.ok and isinstance(outcome, HubResult) else None,
             )
         except Exception:
             log.exception(

@@ -29,7 +29,7 @@ from prometheus_client.utils import floatToGoString
 
 from shared import ErrorCode
 
-from ._batcher import InferenceResult
+from ._batcher import HubResult
 from ._metrics_book import Histogram, MetricsBook, merge_books, read_books
 from ._prometheus import DURATION_BUCKETS_US, HELP, TRANSPORTS
 
@@ -73,7 +73,7 @@ class BookRecorder:
         *,
         received: float,
         error: ErrorCode = ErrorCode.OK,
-        result: InferenceResult | None = None,
+        result: HubResult | None = None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")

@@ -82,7 +82,7 @@ from prometheus_client.utils import floatToGoString
 from shared import ErrorCode
 
 if TYPE_CHECKING:
-    from ._batcher import DynamicBatcher, InferenceResult
+    from ._batcher import DynamicBatcher, HubResult
 
 __all__ = ["DURATION_BUCKETS_US", "HELP", "TRANSPORTS", "HubMetrics", "batch_size_buckets"]
 
@@ -195,7 +195,7 @@ class HubMetrics:
         *,
         received: float,
         error: ErrorCode = ErrorCode.OK,
-        result: InferenceResult | None = None,
+        result: HubResult | None = None,
     ) -> None:
         """Count one answered request. ``received``: ``time.monotonic()`` at receipt.
 
@@ -219,7 +219,7 @@ class HubMetrics:
         model_label, version_label = self._served_labels(model, version)
         self._failure.labels(model_label, version_label, transport, error.value).inc()
 
-    def observe_computed(self, future: concurrent.futures.Future[InferenceResult]) -> None:
+    def observe_computed(self, future: concurrent.futures.Future[HubResult]) -> None:
         """Done-callback for a request's future: its queue and compute time, if computed."""
         if future.cancelled() or future.exception() is not None:
             return

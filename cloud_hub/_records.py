@@ -29,6 +29,7 @@ deadline computed by an ingress process means the same in its executor.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections.abc import Sequence
@@ -62,6 +63,7 @@ _U64 = struct.Struct("<Q")
 _DATATYPE_NAMES = tuple(DATATYPES)
 _CODES = {name: code for code, name in enumerate(_DATATYPE_NAMES)}
 _DTYPES = tuple(DATATYPES.values())
+_CODE_OF = {dtype: code for code, dtype in enumerate(_DTYPES)}  # numpy dtype -> code
 _BYTES = _CODES["BYTES"]
 _ERROR_CODES = tuple(ErrorCode)
 _ERROR_INDEX = {code: i for i, code in enumerate(_ERROR_CODES)}
@@ -184,14 +186,10 @@ def _write_tensors(
     view: memoryview, offset: int, prepared: list[tuple[int, np.ndarray, Any]]
 ) -> None:
     for index, array, raw in prepared:
-        _TENSOR.pack_into(view, offset, index, _CODES[_datatype(array)], array.ndim)
-        offset += _TENSOR.size
-        for dim in array.shape:
-            _U64.pack_into(view, offset, dim)
-            offset += 8
         nbytes = len(raw) if isinstance(raw, bytes) else raw.nbytes
-        _U64.pack_into(view, offset, nbytes)
-        offset += 8
+        rank = array.ndim
+        _head(rank).pack_into(view, offset, index, _code(array), rank, *array.shape, nbytes)
+        offset += _TENSOR.size + 8 * rank + 8
         if isinstance(raw, bytes):
             view[offset : offset + nbytes] = raw
         elif nbytes:
@@ -199,13 +197,22 @@ def _write_tensors(
         offset += _align(nbytes)
 
 
-def _datatype(array: np.ndarray) -> str:
-    if array.dtype == object:
-        return "BYTES"
-    for name, dtype in DATATYPES.items():
-        if dtype == array.dtype:
-            return name
-    raise ValueError(f"no Open Inference Protocol datatype for {array.dtype}")
+@functools.cache
+def _head(rank: int) -> struct.Struct:
+    """A tensor's header with ``rank`` dims: index, code, rank, dims, byte count."""
+    return struct.Struct(f"<HBB4x{rank}QQ")
+
+
+@functools.cache
+def _dims(rank: int) -> struct.Struct:
+    return struct.Struct(f"<{rank}Q")
+
+
+def _code(array: np.ndarray) -> int:
+    code = _CODE_OF.get(array.dtype)
+    if code is None:
+        raise ValueError(f"no Open Inference Protocol datatype for {array.dtype}")
+    return code
 
 
 def read_request(view: memoryview, *, copy: bool = True) -> RequestRecord:
@@ -236,7 +243,7 @@ def _read_tensors(
         offset += _TENSOR.size
         if code >= len(_DTYPES):
             raise ValueError(f"corrupt record: datatype code {code}")
-        shape = struct.unpack_from(f"<{rank}Q", view, offset)
+        shape = _dims(rank).unpack_from(view, offset)
         offset += 8 * rank
         (nbytes,) = _U64.unpack_from(view, offset)
         offset += 8

@@ -67,7 +67,7 @@ from shared import (
 )
 
 from .._backend import Backend, Outcome
-from .._batcher import InferenceResult
+from .._batcher import HubResult
 from .._errors import (
     BadRequestError,
     ExecutorError,
@@ -156,7 +156,7 @@ class MetricsSink(Protocol):
         *,
         received: float,
         error: ErrorCode = ErrorCode.OK,
-        result: InferenceResult | None = None,
+        result: HubResult | None = None,
     ) -> None: ...
 
     def render(self) -> bytes: ...
@@ -434,7 +434,7 @@ async def _submit(
     inputs: Mapping[str, np.ndarray],
     deadline: float | None,
     arrival: float,
-) -> InferenceResult:
+) -> HubResult:
     """Submit to ``backend`` and await its answer, whichever thread gives it."""
     loop = asyncio.get_running_loop()
     answer: asyncio.Future[Outcome] = loop.create_future()
