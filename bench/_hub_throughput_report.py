@@ -38,7 +38,12 @@ TARGET_HTTP_GAIN = 2.0
 TARGET_MEMORY_X = 3.0
 TARGET_FLOOD_P99_X = 2.0
 # The model each row serves; its executor-alone row is that model's limit.
-MODEL_OF = {"executor_heavy": "heavy", "heavy_mqtt": "heavy", "heavy_mqtt_unbatched": "heavy"}
+MODEL_OF = {
+    "executor_heavy": "heavy",
+    "heavy_mqtt": "heavy",
+    "heavy_mqtt_unbatched": "heavy",
+    "heavy_mqtt_paho": "heavy",
+}
 LIMIT_OF = {"cloud": "executor", "heavy": "executor_heavy"}
 
 
@@ -54,6 +59,7 @@ def summarize(p: dict[str, Any], limit: float | None) -> dict[str, Any]:
         "throughput_min": min(p["throughput"]),
         "throughput_max": max(p["throughput"]),
         "p50_ms": float(np.percentile(lat, 50)),
+        "mean_ms": float(np.mean(lat)),
         "p99_ms": float(np.percentile(lat, 99)),
         "errors": p["errors"],
         "mean_batch": p["rows"] / p["batches"] if p["batches"] else None,
@@ -69,6 +75,14 @@ def _per_sample(sweep: dict[int, list[float]], batch: float) -> tuple[int, float
     """(nearest swept batch size, its median) for a batch size the hub formed."""
     nearest = min(sweep, key=lambda b: abs(b - batch))
     return nearest, statistics.median(sweep[nearest])
+
+
+def _closed_loop(point: dict[str, Any]) -> str:
+    """Little's law for a closed loop: N requesters over the mean round trip bound the rate."""
+    return (
+        f"{TARGET_AT} requesters over a mean round trip of {point['mean_ms']:.1f} ms allow "
+        f"{TARGET_AT / point['mean_ms'] * 1e3:.0f} req/s"
+    )
 
 
 def _target(name: str, target: str, measured: str, met: bool | None, why: str) -> dict[str, Any]:
@@ -184,7 +198,9 @@ def _echo_targets(
             f"processes ({where}) against {echo_us:.0f} µs for the echo; the hub "
             f"used {hub['cores']['server']:.2f} cores, broker {hub['cores']['broker']:.2f}, "
             f"load generator {hub['cores']['load generator']:.2f}, on 2 cores shared with "
-            f"other jobs (load average {load['before'][0]:.1f} before the part)",
+            f"other jobs (load average {load['before'][0]:.1f} before the part); "
+            f"{_closed_loop(hub)} (p50 {hub['p50_ms']:.1f} ms against the echo's "
+            f"{echo['p50_ms']:.1f} ms; see the note on the reply stall)",
         ),
         _target(
             f"tiny model, {TARGET_AT} requesters: hub CPU per request outside the model "
@@ -208,6 +224,12 @@ def _heavy_targets(
     ms_at_1 = 1e3 / statistics.median(sweep[1])
     gain = statistics.median(sweep[64]) / statistics.median(sweep[1])
     on, off, limit = at["heavy_mqtt"], at["heavy_mqtt_unbatched"], at["executor_heavy"]
+    paho = at["heavy_mqtt_paho"]
+    other = (
+        f"; the same model on hub P (`--mqtt-client paho`, no stall): "
+        f"{paho['throughput']:.0f} req/s, {paho['share_of_limit'] or 0:.0%}, batches of "
+        f"{paho['mean_batch'] or 0:.1f}"
+    )
     speedup = on["throughput"] / off["throughput"]
     share = on["share_of_limit"] or 0.0
     return [
@@ -235,7 +257,8 @@ def _heavy_targets(
             f"batch {on['mean_batch'] or 0:.1f} vs 1)",
             speedup >= TARGET_HEAVY_SPEEDUP,
             f"batches of {on['mean_batch'] or 0:.1f} on average; the hub's own work per "
-            f"request ({describe_cores(on, per_request=True)}) shares the cores with the model",
+            f"request ({describe_cores(on, per_request=True)}) shares the cores with the "
+            f"model; {_closed_loop(on)}{other}",
         ),
         _target(
             f"heavy model, {TARGET_AT} requesters: hub against its executor alone at the "
@@ -247,7 +270,9 @@ def _heavy_targets(
             share >= TARGET_HEAVY_SHARE,
             f"the executor alone has both cores; in the hub it shares them with the ingress, "
             f"broker and load generator: {describe_cores(on, per_request=False)}; mean batch "
-            f"{on['mean_batch'] or 0:.1f} against the best {best}",
+            f"{on['mean_batch'] or 0:.1f} against the best {best}: {_closed_loop(on)}, so "
+            "fewer requests wait in the queue than the executor could take (see the note on "
+            f"the reply stall){other}",
         ),
     ]
 

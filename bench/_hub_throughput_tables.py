@@ -33,10 +33,12 @@ LABELS = {
     "echo_crt": "bare echo consumer, awscrt MQTT 5 (the hub ingress's client)",
     "echo_paho": "bare echo consumer, paho-mqtt (reference)",
     "hub_mqtt_paho_load": "hub, batching on (MQTT), paho load generator",
+    "hub_mqtt_paho": "hub, batching on, --mqtt-client paho (MQTT)",
     "hub_http_workers": f"hub, batching on, --http-workers {WORKERS} (HTTP, binary tensors)",
     "executor_heavy": "heavy model: executor alone at its best batch size (the limit)",
     "heavy_mqtt": "heavy model: hub, batching on (MQTT)",
     "heavy_mqtt_unbatched": "heavy model: hub, batching off (MQTT)",
+    "heavy_mqtt_paho": "heavy model: hub, batching on, --mqtt-client paho (MQTT)",
 }
 _LOAD_OF = {  # which load generator drives each row
     "hub_mqtt_paho_load": "paho-mqtt, 4 clients",
@@ -333,7 +335,8 @@ def _notes(m: dict[str, Any], summary: dict[str, dict[int, dict[str, Any]]]) -> 
             "Nagle's algorithm holds it until the broker acknowledges the request's PUBACK, "
             "which Linux delays up to 40 ms. The echo consumer publishes inside awscrt's "
             "callback, so its reply leaves with the PUBACK. With `--mqtt-client paho` (which "
-            "sets TCP_NODELAY) the same hub answers 1 requester in under 1 ms. At 64 "
+            f"sets TCP_NODELAY) the same hub answers 1 requester with a p50 of "
+            f"{summary['hub_mqtt_paho'][1]['p50_ms']:.1f} ms (its row above). At 64 "
             "requesters the stall also caps throughput, as N requesters over ~N/throughput "
             "of latency."
         )
@@ -343,9 +346,10 @@ def _notes(m: dict[str, Any], summary: dict[str, dict[int, dict[str, Any]]]) -> 
         "each in an executor process of its own: the tiny CNN with batching on (the "
         "defaults a user starts from, `max_batch_size` 64, `max_queue_delay_ms` 2) and off "
         "(`max_batch_size` 1), the heavy CNN likewise. Hub W: `--workers 2 --http-workers 2` "
-        "with the tiny CNN batching, on a broker of its own. The server CPU of a hub row "
-        "sums every process of that hub (supervisor, executors, ingress), idle ones "
-        "included.",
+        "with the tiny CNN batching, on a broker of its own. Hub P: `--workers 1 "
+        "--http-workers 1 --mqtt-client paho` with both CNNs batching, under its own topic "
+        "prefix on hub A's broker. The server CPU of a hub row sums every process of that "
+        "hub (supervisor, executors, ingress), idle ones included.",
         f"The heavy CNN (`bench._heavy_model`): Conv 3x3 ({CHANNELS}) -> ReLU -> MaxPool 2 "
         f"-> FC {CHANNELS * 14 * 14}x{HIDDEN} -> ReLU -> FC 10 on 1x28x28 digits, ONNX built "
         "with fixed random weights: its rows measure throughput, not accuracy.",

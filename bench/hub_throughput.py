@@ -21,6 +21,8 @@ What runs, each variant in windows interleaved with the others
   the paho one) and over HTTP (binary tensors);
 * hub W, ``--workers 2 --http-workers 2``, the tiny model batching, on a
   broker of its own: ingress scaling over MQTT, and HTTP with two processes;
+* hub P, as hub A with both models batching but ``--mqtt-client paho``,
+  under its own topic prefix on hub A's broker: the ingress's other client;
 * bare echo consumers on hub A's broker, under their own topic prefixes:
   awscrt's MQTT 5 client (the hub ingress's) and paho, each republishing the
   request frame to the device's reply topic (``bench._baselines``);
@@ -98,6 +100,7 @@ _ONLY_AT = (TARGET_AT,)  # the rows the issue asks for at 64 requesters only
 _TIMES = (WARM_S, WINDOW_S)
 _ECHO_CRT = "bench/echo-crt"  # the echo consumers' topic prefixes on hub A's broker
 _ECHO_PAHO = "bench/echo-paho"
+_PAHO_HUB = "bench/paho-hub"  # the topic prefix of the hub whose ingress uses paho
 
 
 def run() -> dict[str, Any]:
@@ -135,6 +138,7 @@ class _Rig:
     hub: HubProcess
     broker_w: BrokerProcess
     hub_w: HubProcess
+    hub_paho: HubProcess
     echo_crt: EchoProcess
     echo_paho: EchoProcess
     plain: PlainServerProcess
@@ -149,9 +153,12 @@ def _rig(work: Path, models: dict[str, Path], feed: dict[str, np.ndarray]) -> It
         write_model(work / "a" / "repo", model, path, BATCHED)
         write_model(work / "a" / "repo", f"{model}_unbatched", path, UNBATCHED)
     write_model(work / "w" / "repo", "cloud", models["cloud"], BATCHED)
+    write_model(work / "p" / "repo", "cloud", models["cloud"], BATCHED)
+    write_model(work / "p" / "repo", "heavy", models["heavy"], BATCHED)
     (work / "echo").mkdir()
     one = ["--workers", "1", "--http-workers", "1"]
     two = ["--workers", str(WORKERS), "--http-workers", str(WORKERS)]
+    paho = [*one, "--mqtt-client", "paho", "--prefix", _PAHO_HUB]
     with contextlib.ExitStack() as stack:
         up = stack.enter_context
         broker = up(BrokerProcess(work / "a").start())
@@ -161,6 +168,7 @@ def _rig(work: Path, models: dict[str, Path], feed: dict[str, np.ndarray]) -> It
             hub=up(HubProcess(work / "a" / "repo", broker.url, work / "a", args=one).start()),
             broker_w=broker_w,
             hub_w=up(HubProcess(work / "w" / "repo", broker_w.url, work / "w", args=two).start()),
+            hub_paho=up(HubProcess(work / "p" / "repo", broker.url, work / "p", args=paho).start()),
             echo_crt=up(
                 EchoProcess(
                     broker.url, f"{_ECHO_CRT}/dev/+/infer/+", "-", work / "echo", mode="echo-crt"
@@ -175,6 +183,7 @@ def _rig(work: Path, models: dict[str, Path], feed: dict[str, np.ndarray]) -> It
             "a": lambda: CrtMqttLoad(broker.url, name="bench-a"),
             "a_paho": lambda: PahoMqttLoad(broker.url, name="bench-a-paho"),
             "w": lambda: CrtMqttLoad(broker_w.url, name="bench-w"),
+            "p": lambda: CrtMqttLoad(broker.url, prefix=_PAHO_HUB, name="bench-p"),
             "echo_crt": lambda: CrtMqttLoad(broker.url, prefix=_ECHO_CRT, name="bench-e1"),
             "echo_paho": lambda: CrtMqttLoad(broker.url, prefix=_ECHO_PAHO, name="bench-e2"),
         }
@@ -307,6 +316,7 @@ def _variants(
         "hub_mqtt": hub(a, "cloud", mqtt("a", "cloud"), every),
         "hub_mqtt_unbatched": hub(a, "cloud_unbatched", mqtt("a", "cloud_unbatched"), every),
         "hub_mqtt_workers": hub(w, "cloud", mqtt("w", "cloud"), every),
+        "hub_mqtt_paho": hub(rig.hub_paho, "cloud", mqtt("p", "cloud"), (1, TARGET_AT)),
         "hub_http": hub(a, "cloud", lambda n: http["a"].run(n, *_TIMES), every),
         "plain_http": Variant(
             run=lambda n: http["plain"].run(n, *_TIMES),
@@ -320,13 +330,15 @@ def _variants(
         "executor_heavy": alone("heavy"),
         "heavy_mqtt": hub(a, "heavy", mqtt("a", "heavy"), _ONLY_AT),
         "heavy_mqtt_unbatched": hub(a, "heavy_unbatched", mqtt("a", "heavy_unbatched"), _ONLY_AT),
+        "heavy_mqtt_paho": hub(rig.hub_paho, "heavy", mqtt("p", "heavy"), _ONLY_AT),
     }
 
 
 def _check(rig: _Rig, feed: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
     """Every variant answers, and the hubs compute what the executor alone computes."""
     asks = [("a", m) for m in ("cloud", "cloud_unbatched", "heavy", "heavy_unbatched")]
-    asks += [("a_paho", "cloud"), ("w", "cloud"), ("echo_crt", "echo"), ("echo_paho", "echo")]
+    asks += [("a_paho", "cloud"), ("w", "cloud"), ("p", "cloud"), ("p", "heavy")]
+    asks += [("echo_crt", "echo"), ("echo_paho", "echo")]
     for load, model in asks:
         window = rig.loads[load].run(model, feed, 1, 0.0, 0.3)
         if window.errors or not window.latencies_ms:
