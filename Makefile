@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 PY     := $(BIN)/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test check lint bench broker clean help
+.PHONY: demo test check lint bench broker redis clean help
 
 help:
 	@echo "make demo   - install and run the collaborative-inference demo on real MNIST digits"
@@ -35,8 +35,13 @@ demo: $(VENV)/.demo-installed
 broker:
 	@bash scripts/ensure-broker
 
+# The rate-limit tests share buckets through Redis on 127.0.0.1:6379; this starts it
+# (or installs it with apt-get) when nothing listens there.
+redis:
+	@bash scripts/ensure-redis
+
 # The whole check, as CI runs it: ruff, mypy, then pytest (PYTEST_ARGS go to pytest).
-test: $(VENV)/.dev-installed broker
+test: $(VENV)/.dev-installed broker redis
 	VENV=$(VENV) bash scripts/check $(PYTEST_ARGS)
 
 check: test

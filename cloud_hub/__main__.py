@@ -9,6 +9,7 @@ to serve exits 1, each with one line on stderr.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -69,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--mqtt-client", default="auto", help=", ".join(MQTT_CLIENTS))
     add("--no-legacy-topics", action="store_true", help="only <prefix>/dev/<device>/infer/...")
     add("--max-inflight-mib", type=int, default=256, help="HTTP request bytes held at once")
+    add("--redis", default=os.environ.get("TANDEM_REDIS_URL"), help="Redis URL: shared rate limits")
     return parser
 
 
@@ -120,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
             mqtt_client=a.mqtt_client,
             legacy_topics=not a.no_legacy_topics,
             max_inflight_mib=a.max_inflight_mib,
+            redis_url=a.redis,
         )
     except (ValueError, TandemError) as e:  # ConfigError is a ValueError
         parser.error(str(e))

@@ -11,6 +11,13 @@ version), ``InvalidRequestError`` (inputs the model cannot take),
 ``OverloadedError`` (the ring is full: too many bytes in flight; or no
 executor of the model is connected, e.g. while one restarts).
 
+Which executors serve which model comes from ``Routes`` (model -> the version
+served and its instances' addresses), given at start and again by ``update``
+when the hub swaps a version in: the new version's links connect first, new
+requests go to it once one of its instances is connected, and the old
+version's links close once their requests in flight are answered, so a swap
+drops nothing.
+
 When a link closes (its executor crashed or stopped), every request still
 in flight on it is answered ``LinkClosedError`` (an ``overloaded`` reply: the
 device falls back at once, and nothing is answered with another request's
@@ -39,12 +46,23 @@ from ._link import DEFAULT_RING_BYTES, ExecutorLink, LinkClosedError, ModelInfo
 from ._queue import InputChecker
 from ._records import ReplyRecord
 
-__all__ = ["ExecutorPool", "ReplyCallback"]
+__all__ = ["ExecutorPool", "ReplyCallback", "Route", "Routes"]
 
 log = logging.getLogger(__name__)
 
 ReplyCallback = Callable[[ModelInfo, "ReplyRecord | HubError"], None]
 _RETRY_S = 0.5
+
+
+@dataclass(frozen=True)
+class Route:
+    """The version of a model that is served, and where each of its instances listens."""
+
+    version: str
+    addresses: tuple[str, ...]
+
+
+Routes = Mapping[str, Route]
 
 
 @dataclass(eq=False)
@@ -56,35 +74,39 @@ class _Instance:
     next_try: float = 0.0
 
 
+@dataclass(eq=False)
+class _Group:
+    """One version's instances of a model."""
+
+    route: Route
+    instances: list[_Instance]
+
+    def connected(self) -> list[_Instance]:
+        return [i for i in self.instances if i.link.connected]
+
+
 class ExecutorPool:
-    """Links to the executors at ``addresses`` (model name -> one address per instance)."""
+    """Links to the executors of each model's served version (see the module docstring)."""
 
     def __init__(
         self,
-        addresses: Mapping[str, list[str]],
+        routes: Routes,
         *,
         ingress_id: str,
         ring_bytes: int = DEFAULT_RING_BYTES,
         copy_replies: bool = False,
     ) -> None:
         self.ingress_id = ingress_id
-        self._instances: dict[str, list[_Instance]] = {}
-        for model, model_addresses in addresses.items():
-            self._instances[model] = [
-                _Instance(
-                    address,
-                    model,
-                    ExecutorLink(
-                        address,
-                        ingress_id=ingress_id,
-                        on_reply=self._on_reply,
-                        ring_bytes=ring_bytes,
-                        copy_replies=copy_replies,
-                    ),
-                )
-                for address in model_addresses
-            ]
-        self._by_link = {i.link: i for group in self._instances.values() for i in group}
+        self._ring_bytes = ring_bytes
+        self._copy_replies = copy_replies
+        self._active: dict[str, _Group] = {}  # what new requests go to
+        self._coming: dict[str, _Group] = {}  # a new version, until one instance connects
+        self._leaving: list[_Group] = []  # old versions, until their requests are answered
+        self._by_link: dict[ExecutorLink, _Instance] = {}
+        # Told before a link is closed here, so whoever watches its descriptor lets go first.
+        self.on_link_closing: Callable[[ExecutorLink], None] | None = None
+        for model, route in routes.items():
+            self._active[model] = self._group(model, route)
         self._inflight: dict[int, tuple[_Instance, ModelInfo, ReplyCallback]] = {}
         self._keys = itertools.count(1)
         self._checkers: dict[tuple[str, str], InputChecker] = {}
@@ -94,17 +116,68 @@ class ExecutorPool:
 
     # -- what is served -------------------------------------------------------------------
 
+    def _group(self, model: str, route: Route) -> _Group:
+        group = _Group(route, [])
+        for address in route.addresses:
+            link = ExecutorLink(
+                address,
+                ingress_id=self.ingress_id,
+                on_reply=self._on_reply,
+                ring_bytes=self._ring_bytes,
+                copy_replies=self._copy_replies,
+            )
+            instance = _Instance(address, model, link)
+            group.instances.append(instance)
+            self._by_link[link] = instance
+        return group
+
+    def update(self, routes: Routes) -> None:
+        """Serve ``routes`` from now on: new versions come in, old ones leave when done."""
+        for model, route in routes.items():
+            current = self._coming.get(model) or self._active.get(model)
+            if current is not None and current.route == route:
+                continue
+            if model not in self._active:  # a new model: nothing to keep serving meanwhile
+                self._active[model] = self._group(model, route)
+                continue
+            stale = self._coming.pop(model, None)
+            if stale is not None:
+                self._leaving.append(stale)
+            self._coming[model] = self._group(model, route)
+            log.info("model %s: version %s coming in", model, route.version)
+        for model in [m for m in self._active if m not in routes]:
+            self._leaving.append(self._active.pop(model))
+            log.info("model %s: no longer served", model)
+
+    def _settle(self) -> None:
+        """Promote connected new versions; close old ones that have nothing in flight."""
+        for model, group in list(self._coming.items()):
+            if group.connected():
+                old = self._active.get(model)
+                self._active[model] = group
+                del self._coming[model]
+                if old is not None:
+                    self._leaving.append(old)
+                log.info("model %s: version %s serves", model, group.route.version)
+        for group in list(self._leaving):
+            if all(i.inflight == 0 for i in group.instances):
+                self._leaving.remove(group)
+                for instance in group.instances:
+                    self._closing(instance.link)
+                    instance.link.close()
+                    self._by_link.pop(instance.link, None)
+
     @property
     def model_names(self) -> list[str]:
-        return sorted(self._instances)
+        return sorted(self._active)
 
     def info(self, model: str, version: str | None = None) -> ModelInfo:
         """The served description of ``model`` (from a connected instance)."""
-        group = self._instances.get(model)
+        group = self._active.get(model)
         if group is None:
-            known = ", ".join(sorted(self._instances)) or "none"
+            known = ", ".join(sorted(self._active)) or "none"
             raise ModelNotFoundError(f"no model {model!r} is served here (models: {known})")
-        for instance in group:
+        for instance in group.instances:
             info = instance.link.info
             if info is not None and instance.link.connected:
                 if version is not None and version != info.version:
@@ -117,7 +190,7 @@ class ExecutorPool:
 
     def ready(self) -> bool:
         """Whether every model has at least one connected executor."""
-        return all(any(i.link.connected for i in g) for g in self._instances.values())
+        return all(g.connected() for g in self._active.values())
 
     # -- requests -------------------------------------------------------------------------
 
@@ -170,7 +243,7 @@ class ExecutorPool:
         return checker
 
     def _pick(self, model: str) -> _Instance:
-        connected = [i for i in self._instances[model] if i.link.connected]
+        connected = self._active[model].connected()
         if not connected:
             raise OverloadedError(f"model {model!r} is restarting; try again shortly")
         return min(connected, key=lambda i: i.inflight)
@@ -195,11 +268,15 @@ class ExecutorPool:
     # -- links ----------------------------------------------------------------------------
 
     def connect_missing(self, *, timeout_s: float = 2.0) -> int:
-        """Connect every link that is down and due for a try; returns how many are up now."""
+        """Connect every link that is down and due for a try; returns how many are up now.
+
+        Links of versions on their way out are not connected again.
+        """
         now = time.monotonic()
-        for instance in self._by_link.values():
+        leaving = {i.link for g in self._leaving for i in g.instances}
+        for instance in list(self._by_link.values()):
             link = instance.link
-            if link.connected or now < instance.next_try:
+            if link.connected or now < instance.next_try or link in leaving:
                 continue
             try:
                 link.connect(timeout_s)
@@ -208,6 +285,7 @@ class ExecutorPool:
                 log.debug("executor %s not reachable yet: %s", instance.address[1:], e)
                 continue
             log.info("connected to executor %s (%s)", instance.address[1:], link.info)
+        self._settle()
         return sum(1 for i in self._by_link.values() if i.link.connected)
 
     def links(self) -> list[ExecutorLink]:
@@ -221,7 +299,10 @@ class ExecutorPool:
             self.close_link(link, str(e))
 
     def close_link(self, link: ExecutorLink, why: str) -> None:
-        instance = self._by_link[link]
+        instance = self._by_link.get(link)
+        if instance is None:  # closed already, with its version
+            return
+        self._closing(link)
         link.close()
         instance.next_try = time.monotonic()
         lost = [k for k, entry in list(self._inflight.items()) if entry[0] is instance]
@@ -242,6 +323,13 @@ class ExecutorPool:
                 done(info, LinkClosedError(f"the executor of {info.model} restarted"))
             except Exception:
                 log.exception("reply callback failed")
+
+    def _closing(self, link: ExecutorLink) -> None:
+        if self.on_link_closing is not None and link.connected:
+            try:
+                self.on_link_closing(link)
+            except Exception:
+                log.exception("on_link_closing failed")
 
     def poll(self, timeout_s: float) -> None:
         """One round for a thread that owns the pool's reading: reconnect, wait, read."""
@@ -271,4 +359,6 @@ class ExecutorPool:
         for link in list(self._by_link):
             if link.connected:
                 self.close_link(link, "the ingress is stopping")
+            else:
+                link.close()
         self._selector.close()

@@ -87,9 +87,9 @@ _HELLO_BYTES = 64 * 1024
 _ACK_EVERY = 8  # besides with replies, ack when this fraction of a ring is freed
 
 
-def executor_address(hub_id: str, model: str, instance: int) -> str:
+def executor_address(hub_id: str, model: str, version: str, instance: int) -> str:
     """The abstract-namespace socket name of one executor of one hub."""
-    return f"\0tandem-hub-{hub_id}-{model}-{instance}"
+    return f"\0tandem-hub-{hub_id}-{model}-{version}-{instance}"
 
 
 @dataclass(frozen=True)

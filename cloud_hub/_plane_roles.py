@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from shared import ApiKeyGuard, Limits, MqttSettings, TlsSettings, Topics
+from shared import ApiKeyGuard, Limits, MqttSettings, TlsSettings, Topics, rate_limiter
 
 from ._backend import PoolBackend
 from ._crt_session import open_session
@@ -57,7 +57,9 @@ _SUBSCRIBE_S = 10.0  # how long it waits for its subscriptions before saying it 
 def run_executor(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> None:
     target = spec.executors[index]
     repository = ModelRepository()
-    served = repository.load_model(spec.repo, target.model, device=target.device)
+    served = repository.load_model(
+        spec.repo, target.model, device=target.device, version=int(target.version)
+    )
     book = MetricsBook(f"executor-{target.model}-{target.instance}")
     dumper = BookDumper(book, Path(spec.metrics_dir))
     loop = ExecutorLoop(
@@ -107,7 +109,7 @@ def _mqtt_settings(spec: PlaneSpec) -> MqttSettings:
 
 def run_mqtt_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> None:
     ingress_id = f"mqtt-{index}-{os.getpid()}"
-    pool = ExecutorPool(spec.addresses(), ingress_id=ingress_id, ring_bytes=spec.ring_bytes)
+    pool = ExecutorPool(spec.routes(), ingress_id=ingress_id, ring_bytes=spec.ring_bytes)
     book = MetricsBook(f"ingress-mqtt-{index}")
     dumper = BookDumper(book, Path(spec.metrics_dir))
     recorder = _recorder(book, pool)
@@ -150,7 +152,7 @@ def run_http_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
     from .http import HttpServer, ServedHub, create_app
 
     pool = ExecutorPool(
-        spec.addresses(),
+        spec.routes(),
         ingress_id=f"http-{index}-{os.getpid()}",
         ring_bytes=spec.ring_bytes,
         copy_replies=True,  # the response is encoded later, by the request's own task
@@ -160,7 +162,9 @@ def run_http_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
     recorder = _recorder(book, pool)
     metrics = PlaneMetrics(Path(spec.metrics_dir), local=lambda: [book])
     sink = _Sink(recorder, metrics)
-    guard = None if spec.api_keys is None else ApiKeyGuard.from_file(spec.api_keys)
+    guard = None
+    if spec.api_keys is not None:  # with Redis, a key's rate holds across processes
+        guard = ApiKeyGuard.from_file(spec.api_keys, limiter=rate_limiter(spec.redis_url))
     app = create_app(
         ServedHub(PoolBackend(pool), sink, Limits()),
         api_keys=guard,

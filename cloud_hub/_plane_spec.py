@@ -14,15 +14,17 @@ import dataclasses
 import json
 import shutil
 import subprocess
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ._config import InstanceGroup
+from ._executor_pool import Route
 from ._link import DEFAULT_RING_BYTES, executor_address
-from ._repository import model_configs
+from ._repository import model_configs, served_version
 
-__all__ = ["ENV", "ExecutorSpec", "PlaneSpec", "gpu_count", "plan_executors"]
+__all__ = ["ENV", "ExecutorSpec", "PlaneSpec", "gpu_count", "plan_executors", "routes_of"]
 
 ENV = "TANDEM_HUB_PLANE"
 
@@ -32,6 +34,7 @@ class ExecutorSpec:
     """One executor process: a model instance on a device, listening at ``address``."""
 
     model: str
+    version: str
     instance: int
     device: str | None  # cpu, cuda:N, or None (a GPU when there is one)
     address: str
@@ -54,6 +57,7 @@ class PlaneSpec:
     http_host: str = "127.0.0.1"
     http_port: int = 0  # 0: no HTTP ingress
     api_keys: str | None = None
+    redis_url: str | None = None  # API keys' rate limits shared by every process and replica
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_client_ca: str | None = None
@@ -65,12 +69,9 @@ class PlaneSpec:
     parent_pid: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def addresses(self) -> dict[str, list[str]]:
-        """Model name -> the addresses of its instances (what an ingress connects to)."""
-        out: dict[str, list[str]] = {}
-        for spec in self.executors:
-            out.setdefault(spec.model, []).append(spec.address)
-        return out
+    def routes(self) -> dict[str, Route]:
+        """Model -> the version served and its instances' addresses (what an ingress uses)."""
+        return routes_of(self.executors)
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
@@ -86,6 +87,18 @@ class PlaneSpec:
             spec["address"] = spec["address"].encode().decode("unicode_escape")
             executors.append(ExecutorSpec(**spec))
         return cls(executors=tuple(executors), **data)
+
+
+def routes_of(executors: Iterable[ExecutorSpec]) -> dict[str, Route]:
+    """The routes that ``executors`` serve (one version per model: the last one listed)."""
+    versions: dict[str, str] = {}
+    for spec in executors:
+        versions[spec.model] = spec.version
+    out: dict[str, Route] = {}
+    for model, version in versions.items():
+        addresses = tuple(e.address for e in executors if e.model == model and e.version == version)
+        out[model] = Route(version, addresses)
+    return out
 
 
 def gpu_count() -> int:
@@ -111,6 +124,7 @@ def plan_executors(
     count = gpu_count() if gpus is None else gpus
     specs: list[ExecutorSpec] = []
     for name, config in model_configs(repo).items():
+        version = str(served_version(Path(repo) / name, config))
         if device is not None:
             devices: list[str | None] = [device]
         else:
@@ -122,9 +136,10 @@ def plan_executors(
             specs.append(
                 ExecutorSpec(
                     model=name,
+                    version=version,
                     instance=instance,
                     device=where,
-                    address=executor_address(hub_id, name, instance),
+                    address=executor_address(hub_id, name, version, instance),
                 )
             )
     return tuple(specs)

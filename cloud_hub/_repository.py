@@ -30,7 +30,14 @@ from ._config import ModelConfig, Platform, resolve_config
 from ._errors import ModelConfigError, ModelNotFoundError, RepositoryError
 from .executors import Executor, OnnxExecutor, TorchExecutor
 
-__all__ = ["MODEL_FILES", "ModelRepository", "ServedModel", "model_configs", "read_config"]
+__all__ = [
+    "MODEL_FILES",
+    "ModelRepository",
+    "ServedModel",
+    "model_configs",
+    "read_config",
+    "served_version",
+]
 
 log = logging.getLogger(__name__)
 
@@ -170,12 +177,22 @@ class ModelRepository:
             log.warning("%s: no models found (expected <model>/<version>/model.onnx)", root)
         return loaded
 
-    def load_model(self, path: str | Path, name: str, *, device: str | None = None) -> ServedModel:
-        """Load one model of the repository at ``path`` onto ``device`` (an executor process)."""
+    def load_model(
+        self,
+        path: str | Path,
+        name: str,
+        *,
+        device: str | None = None,
+        version: int | None = None,
+    ) -> ServedModel:
+        """Load one model of the repository at ``path`` onto ``device`` (an executor process).
+
+        ``version``: that version directory; None: the one the config and disk pick.
+        """
         model_dir = Path(path) / name
         if not model_dir.is_dir():
             raise ModelNotFoundError(f"{model_dir}: no such model directory")
-        name, version, config, executor = _load_model_dir(model_dir, device)
+        name, version, config, executor = _load_model_dir(model_dir, device, version)
         try:
             return self.add(name, executor, version=version, config=config)
         except BaseException:
@@ -211,12 +228,8 @@ def model_configs(path: str | Path) -> dict[str, ModelConfig]:
     return configs
 
 
-def _load_model_dir(model_dir: Path, device: str | None) -> tuple[str, int, ModelConfig, Executor]:
-    try:
-        name = validate_name(model_dir.name, "model directory name")
-    except ConfigError as e:
-        raise ModelConfigError(f"{model_dir}: {e}") from e
-    config = read_config(model_dir / "config.json")
+def served_version(model_dir: Path, config: ModelConfig) -> int:
+    """The version a model directory serves: ``default_version``, else the highest on disk."""
     versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdecimal())
     if not versions:
         raise RepositoryError(
@@ -228,6 +241,21 @@ def _load_model_dir(model_dir: Path, device: str | None) -> tuple[str, int, Mode
             f"{config.source}: default_version: {version} is not among the versions on disk "
             f"{versions}"
         )
+    return version
+
+
+def _load_model_dir(
+    model_dir: Path, device: str | None, version: int | None = None
+) -> tuple[str, int, ModelConfig, Executor]:
+    try:
+        name = validate_name(model_dir.name, "model directory name")
+    except ConfigError as e:
+        raise ModelConfigError(f"{model_dir}: {e}") from e
+    config = read_config(model_dir / "config.json")
+    if version is None:
+        version = served_version(model_dir, config)
+    elif not (model_dir / str(version)).is_dir():
+        raise RepositoryError(f"{model_dir}/{version}: no such version directory")
     version_dir = model_dir / str(version)
     files = [f for f in MODEL_FILES if (version_dir / f).is_file()]
     if config.platform is not None:

@@ -62,6 +62,7 @@ class HubServeSettings:
     http_port: int = 8000  # 0: no HTTP API
     http_host: str = "127.0.0.1"
     api_keys: Path | None = None
+    redis_url: str | None = None  # API keys' rate limits shared across processes and replicas
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
@@ -168,6 +169,7 @@ def plan(s: HubServeSettings) -> PlaneSpec:
         http_host=s.http_host,
         http_port=s.http_port,
         api_keys=text(s.api_keys),
+        redis_url=s.redis_url,
         tls_cert=text(s.tls_cert),
         tls_key=text(s.tls_key),
         tls_client_ca=text(s.tls_client_ca),

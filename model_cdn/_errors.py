@@ -14,7 +14,9 @@ Exception tree (the HTTP status the CDN's API answers in brackets)::
         │   ├── ModelNotFoundError         no such model or version [404]
         │   ├── DeviceNotFoundError        no device with that id in the fleet registry [404]
         │   ├── RolloutNotFoundError       no rollout with that id [404]
-        │   └── VersionConflictError       the version is not above the latest one [409]
+        │   ├── VersionConflictError       the version is not above the latest one [409]
+        │   └── LeaseLostError             a write fenced off: this server no longer holds
+        │                                  the rollout leader's lease [503]
         ├── InvalidNameError (ValueError)  a model name, device id or digest that is not
         │                                  allowed: path traversal, wildcards [400]
         ├── DocumentRejectedError (ValueError)
@@ -29,6 +31,7 @@ Exception tree (the HTTP status the CDN's API answers in brackets)::
         ├── RolloutConflictError           the model already has an active rollout [409]
         ├── RolloutRequestError (ValueError)
         │                                  a request that cannot start a rollout [400]
+        ├── NoRolloutLeaderError           no rollout leader answered a command in time [503]
         ├── AuthError                      missing or wrong token [403]
         ├── HttpError                      an answer of the HTTP API that carries its own
         │   │                              status and headers (bad body, too large, off)
@@ -65,7 +68,9 @@ __all__ = [
     "DocumentRejectedError",
     "HttpError",
     "InvalidNameError",
+    "LeaseLostError",
     "ModelNotFoundError",
+    "NoRolloutLeaderError",
     "PublishError",
     "QuantizationError",
     "RangeNotSatisfiableError",
@@ -124,6 +129,10 @@ class VersionConflictError(RegistryError):
     """A version that is not above the latest published one."""
 
 
+class LeaseLostError(RegistryError):
+    """A write fenced off: another server holds the rollout leader's lease now."""
+
+
 class InvalidNameError(CdnError, ValueError):
     """A model name or digest that is not allowed."""
 
@@ -150,6 +159,10 @@ class RolloutConflictError(CdnError):
 
 class RolloutRequestError(CdnError, ValueError):
     """The request cannot start a rollout (bad fields, waves, target)."""
+
+
+class NoRolloutLeaderError(CdnError):
+    """No rollout leader applied a command in time (none elected, or it is failing over)."""
 
 
 class AuthError(CdnError):

@@ -22,6 +22,10 @@ With a rollout controller (``watch_rollouts``), read at scrape time::
         failed or timed-out devices over the devices of the waves started.
     tandem_cdn_fleet_devices{online}
         devices known to the fleet registry, online (reported in the last minute) or not.
+    tandem_cdn_rollout_leader
+        1 on the replica that leads rollouts now, 0 on followers (exactly one
+        replica of a deployment should say 1; the rollout series above are the
+        same on every replica, from the leader's state).
 
 Labels only ever name models and blobs that exist: a request is counted
 after the registry or store found what it asked for, so a client cannot
@@ -125,4 +129,8 @@ class _RolloutCollector(Collector):
             online += now - record.last_seen <= 60
         fleet.add_metric(["true"], online)
         fleet.add_metric(["false"], len(records) - online)
-        yield from (devices, failure, fleet)
+        leader = GaugeMetricFamily(
+            "tandem_cdn_rollout_leader", "1 when this replica leads rollouts, else 0."
+        )
+        leader.add_metric([], 1.0 if self.controller.leading else 0.0)
+        yield from (devices, failure, fleet, leader)

@@ -20,10 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shared import ApiKeyGuard, MqttSettings, PublicKey, SigningKey, TlsSettings, Topics
+from shared import (
+    ApiKeyGuard,
+    MqttSettings,
+    PublicKey,
+    SigningKey,
+    TlsSettings,
+    Topics,
+    rate_limiter,
+)
 
 from ._errors import CdnError
 from .registry import Registry, open_registry
+from .rollout._leader import DEFAULT_LEASE_TTL_S
 from .store import open_store
 
 if TYPE_CHECKING:
@@ -46,6 +55,10 @@ class CdnServeSettings:
     are also published there, retained. ``signer`` (needs ``mqtt``): the
     key that signs rollout assignments; it turns on the rollout controller.
     ``tls``: serve HTTPS (``ca_certs`` set: clients need a certificate).
+    ``redis_url``: API keys' rate limits shared with every replica through
+    that Redis (None: per process). ``leader_lease_s``: the rollout leader's
+    lease among replicas on one registry (None: no election, this server
+    always leads; only for a single server).
     """
 
     registry: str
@@ -61,6 +74,8 @@ class CdnServeSettings:
     signer: SigningKey | None = None
     log_level: str = "info"
     tls: TlsSettings | None = None
+    redis_url: str | None = None
+    leader_lease_s: float | None = DEFAULT_LEASE_TTL_S
 
     def __post_init__(self) -> None:
         if self.log_level not in LOG_LEVELS:
@@ -87,13 +102,17 @@ class CdnServer:
             from ._server import create_app
         except ImportError as e:
             raise CdnError(f"serving needs {e.name!r}: install tandem[cdn]") from e
-        guard = None if s.api_keys is None else ApiKeyGuard.from_file(s.api_keys)
+        guard = None
+        if s.api_keys is not None:
+            guard = ApiKeyGuard.from_file(s.api_keys, limiter=rate_limiter(s.redis_url))
         self.registry = open_registry(s.registry, create=True)
         try:
             if s.signer is not None and s.mqtt is not None:
                 from .rollout._service import FleetService
 
-                self.service = FleetService(self.registry, s.signer, s.mqtt, s.topics).start()
+                self.service = FleetService(
+                    self.registry, s.signer, s.mqtt, s.topics, leader_lease_s=s.leader_lease_s
+                ).start()
             self.app = create_app(
                 registry=self.registry,
                 store=open_store(s.store),

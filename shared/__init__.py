@@ -64,6 +64,7 @@ from ._manifest import (
 )
 from ._mqtt import MqttSettings, TlsSettings, create_client, publish_properties, resolve_protocol
 from ._mqtt_session import InboundMessage, MqttSession, PahoSession, PublishHandle
+from ._ratelimit import LocalRateLimiter, RateLimiter, RedisRateLimiter, rate_limiter
 from ._signing import PublicKey, SigningKey, canonical_json, sign_document, verify_signed
 from ._status import UpdateState, UpdateStatus
 from ._tensor_spec import TensorSpec
@@ -108,6 +109,7 @@ __all__ = [
     "InvalidApiKeyError",
     "LimitExceededError",
     "Limits",
+    "LocalRateLimiter",
     "ManifestError",
     "Message",
     "ModelManifest",
@@ -118,6 +120,8 @@ __all__ = [
     "PublicKey",
     "PublishHandle",
     "RateLimitedError",
+    "RateLimiter",
+    "RedisRateLimiter",
     "ReplyTiming",
     "RequestTopic",
     "ScopeError",
@@ -160,6 +164,7 @@ __all__ = [
     "parse_time",
     "publish_properties",
     "quiet_loggers",
+    "rate_limiter",
     "resolve_protocol",
     "shape_compatible",
     "sign_document",

@@ -16,7 +16,8 @@ Invariants:
 - A token bucket holds at most ``burst`` tokens, refills at ``rate`` tokens
   per second of its clock, and a request takes one; ``retry_after_s`` is the
   time until one token is back. Buckets are per key id and thread-safe; a key
-  whose rate or burst changes in the file gets a fresh, full bucket.
+  whose rate or burst changes in the file gets a fresh, full bucket. They live
+  in this process, or in Redis for every replica (``_ratelimit``).
 - ``ApiKeyFile`` re-reads the file whenever its (mtime, size, inode) change,
   so ``tandem keys revoke`` takes effect on a running server at the next
   request. A file that disappears or no longer parses fails closed: no key
@@ -56,6 +57,7 @@ from ._errors import (
     RateLimitedError,
     ScopeError,
 )
+from ._ratelimit import LocalRateLimiter, RateLimiter, TokenBucket
 
 __all__ = [
     "API_KEY_SCOPES",
@@ -184,36 +186,6 @@ def looks_like_api_key(text: str) -> bool:
     return text.startswith(KEY_PREFIX)
 
 
-# -- rate limits ------------------------------------------------------------------------
-
-
-class TokenBucket:
-    """``burst`` tokens, refilled at ``rate`` per second of ``clock``; thread-safe."""
-
-    def __init__(
-        self, rate: float, burst: int, *, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        if rate <= 0 or burst < 1:
-            raise ValueError("rate must be positive and burst at least 1")
-        self.rate = rate
-        self.burst = burst
-        self._clock = clock
-        self._tokens = float(burst)
-        self._at = clock()
-        self._lock = threading.Lock()
-
-    def take(self) -> float:
-        """Take a token: 0.0 when granted, else the seconds until one is back (none taken)."""
-        with self._lock:
-            now = self._clock()
-            self._tokens = min(self.burst, self._tokens + max(0.0, now - self._at) * self.rate)
-            self._at = now
-            if self._tokens >= 1.0:
-                self._tokens -= 1.0
-                return 0.0
-            return (1.0 - self._tokens) / self.rate
-
-
 # -- the file of keys ---------------------------------------------------------------------
 
 
@@ -315,7 +287,9 @@ class ApiKeyGuard:
     """Authenticates a key, checks its scopes, and rate-limits it.
 
     ``source`` gives the current keys by id (``ApiKeyFile.keys``, or a plain
-    dict's ``.copy`` in tests); ``clock`` drives the token buckets.
+    dict's ``.copy`` in tests). ``limiter`` holds the token buckets: per
+    process by default (``clock`` drives them), or shared by every replica
+    (``shared.RedisRateLimiter``, see ``shared._ratelimit``).
     """
 
     def __init__(
@@ -323,18 +297,22 @@ class ApiKeyGuard:
         source: Callable[[], Mapping[str, ApiKey]],
         *,
         clock: Callable[[], float] = time.monotonic,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self._source = source
-        self._clock = clock
-        self._buckets: dict[str, TokenBucket] = {}
-        self._lock = threading.Lock()
+        self.limiter = limiter if limiter is not None else LocalRateLimiter(clock=clock)
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> ApiKeyGuard:
-        """A guard over the key file at ``path``; ``ConfigError`` if it is missing or invalid."""
+    def from_file(
+        cls, path: str | os.PathLike[str], *, limiter: RateLimiter | None = None
+    ) -> ApiKeyGuard:
+        """A guard over the key file at ``path``; ``ConfigError`` if it is missing or invalid.
+
+        ``limiter``: where the buckets live (``shared.rate_limiter(redis_url)``).
+        """
         store = ApiKeyFile(path)
         store.load()  # refuse to start on a file that would lock everyone out
-        return cls(store.keys)
+        return cls(store.keys, limiter=limiter)
 
     def authenticate(self, text: str) -> ApiKey:
         key_id, secret = parse_api_key(text)
@@ -356,17 +334,9 @@ class ApiKeyGuard:
         if not key.scopes & wanted:
             needs = " or ".join(repr(s) for s in sorted(wanted))
             raise ScopeError(f"API key {key.id} lacks the scope {needs}")
-        wait = self._bucket(key).take()
+        wait = self.limiter.take(key.id, key.rate, key.burst)
         if wait > 0:
             raise RateLimitedError(
                 f"API key {key.id} is over its rate of {key.rate:g} requests/s", wait
             )
         return key
-
-    def _bucket(self, key: ApiKey) -> TokenBucket:
-        with self._lock:
-            bucket = self._buckets.get(key.id)
-            if bucket is None or (bucket.rate, bucket.burst) != (key.rate, key.burst):
-                bucket = TokenBucket(key.rate, key.burst, clock=self._clock)
-                self._buckets[key.id] = bucket
-            return bucket

@@ -110,4 +110,5 @@ def test_the_plan_has_one_executor_per_instance(tmp_path: Path) -> None:
     assert {e.device for e in plan_executors(tmp_path, "h1", device="cpu", gpus=2)} == {"cpu"}
     spec = PlaneSpec(hub_id="h1", repo=str(tmp_path), metrics_dir="", executors=plan)
     assert PlaneSpec.from_json(spec.to_json()) == spec  # addresses hold a NUL: they survive
-    assert spec.addresses()["b"] == [e.address for e in plan if e.model == "b"]
+    assert spec.routes()["b"].addresses == tuple(e.address for e in plan if e.model == "b")
+    assert spec.routes()["b"].version == "1"

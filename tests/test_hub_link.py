@@ -126,7 +126,7 @@ def test_a_corrupt_record_is_refused_not_misread() -> None:
 
 @pytest.fixture
 def linked() -> Iterator[tuple[LinkServer, ExecutorLink, IngressPeer, list]]:
-    address = executor_address(uuid.uuid4().hex[:8], "m", 0)
+    address = executor_address(uuid.uuid4().hex[:8], "m", "3", 0)
     server = LinkServer(address, INFO)
     replies: list = []
     link = ExecutorLink(
@@ -217,14 +217,16 @@ def test_a_full_request_ring_refuses_instead_of_blocking(linked: tuple) -> None:
 
 
 def test_nobody_listening_is_an_os_error() -> None:
-    link = ExecutorLink(executor_address("nobody", "m", 0), ingress_id="i", on_reply=lambda r: None)
+    link = ExecutorLink(
+        executor_address("nobody", "m", "1", 0), ingress_id="i", on_reply=lambda r: None
+    )
     with pytest.raises(OSError):
         link.connect(timeout_s=1.0)
 
 
 def test_no_descriptor_leaks_over_many_links() -> None:
     before = len(os.listdir("/proc/self/fd"))
-    address = executor_address(uuid.uuid4().hex[:8], "m", 0)
+    address = executor_address(uuid.uuid4().hex[:8], "m", "3", 0)
     server = LinkServer(address, INFO)
     try:
         for _ in range(30):

@@ -34,6 +34,7 @@ from .._errors import (
     HttpError,
     InvalidNameError,
     ModelNotFoundError,
+    NoRolloutLeaderError,
     RegistryError,
     RolloutConflictError,
     RolloutNotFoundError,
@@ -60,6 +61,7 @@ _STATUS: tuple[tuple[type[Exception], int], ...] = (
     (VersionConflictError, 409),
     (RolloutStateError, 409),
     (RolloutConflictError, 409),
+    (NoRolloutLeaderError, 503),
     (RegistryError, 503),
     (StoreError, 503),
 )

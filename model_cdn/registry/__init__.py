@@ -4,8 +4,11 @@ devices and rollouts are recorded.
 Tables (layout in ``_rows``): ``models``, ``versions``, ``assignments``,
 ``devices`` (``DeviceRecord``: labels, capabilities, models running, first and
 last seen, last telemetry) and ``rollouts`` (``RolloutRecord``: indexed fields
-plus the controller's JSON snapshot). Opening a registry creates the tables it
-lacks, so one made before the fleet tables existed gains them.
+plus the controller's JSON snapshot); for several CDN replicas (``_leases``)
+``leases`` (the rollout leader's lease and its fencing token) and
+``rollout_commands`` (what followers queue for the leader). Opening a
+registry creates the tables it lacks, so one made by an older release gains
+them.
 
 ``open_registry(url)`` picks the backend from a URL:
 

@@ -13,11 +13,20 @@ of devices is written in one transaction, all of it or none.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DeviceRecord", "Registry", "RolloutRecord", "VersionRecord"]
+from .._errors import RegistryError
+from ._leases import Fence, Lease, RolloutCommand
+
+__all__ = [
+    "AssignmentWrite",
+    "DeviceRecord",
+    "Registry",
+    "RolloutRecord",
+    "VersionRecord",
+]
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,15 @@ class RolloutRecord:
     snapshot: dict[str, Any]  # everything the controller needs to resume it (JSON)
     created_at: float  # epoch seconds
     updated_at: float  # epoch seconds
+
+
+@dataclass(frozen=True)
+class AssignmentWrite:
+    """One signed assignment to store with a rollout's state (``commit_rollout``)."""
+
+    device: str
+    model: str
+    document: dict[str, Any]
 
 
 class Registry(ABC):
@@ -107,6 +125,60 @@ class Registry(ABC):
     @abstractmethod
     def list_rollouts(self) -> list[RolloutRecord]:
         """Every rollout, newest first (``created_at`` descending)."""
+
+    # -- one rollout leader among CDN replicas (``_leases``) ----------------------------
+    # The SQL backends implement these; a registry without them runs one server only.
+
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> Lease | None:
+        """Take or renew lease ``name`` for ``holder`` for ``ttl_s`` seconds.
+
+        Taken when free, expired or already ``holder``'s (the token grows only
+        when it changes hands); the lease as held now, or None when another
+        holder has it.
+        """
+        raise RegistryError(f"{type(self).__name__} cannot elect a rollout leader")
+
+    def release_lease(self, fence: Fence) -> None:
+        """Give the lease up at once (so another server need not wait for it to expire)."""
+        raise RegistryError(f"{type(self).__name__} cannot elect a rollout leader")
+
+    def commit_rollout(
+        self,
+        record: RolloutRecord | None,
+        assignments: Sequence[AssignmentWrite] = (),
+        *,
+        fence: Fence | None = None,
+        command: RolloutCommand | None = None,
+    ) -> bool:
+        """Write a rollout's state, its new assignments and a command's answer at once.
+
+        All in one transaction, after checking ``fence`` (``LeaseLostError``
+        when the lease changed hands). ``command`` (state ``done``, with its
+        result) answers a queued command: False, and nothing written, when
+        that command was withdrawn meanwhile; True otherwise.
+        """
+        if fence is not None or command is not None:
+            raise RegistryError(f"{type(self).__name__} cannot elect a rollout leader")
+        if record is not None:
+            self.put_rollout(record)
+        for a in assignments:
+            self.put_assignment(a.device, a.model, a.document)
+        return True
+
+    def add_rollout_command(self, command: RolloutCommand) -> None:
+        """Queue a command for the leader."""
+        raise RegistryError(f"{type(self).__name__} cannot queue rollout commands")
+
+    def pending_rollout_commands(self, limit: int = 100) -> list[RolloutCommand]:
+        """The oldest commands not answered yet."""
+        raise RegistryError(f"{type(self).__name__} cannot queue rollout commands")
+
+    def get_rollout_command(self, command_id: str) -> RolloutCommand | None:
+        raise RegistryError(f"{type(self).__name__} cannot queue rollout commands")
+
+    def withdraw_rollout_command(self, command_id: str) -> RolloutCommand | None:
+        """Delete a command and return it as it was (pending: it will never be applied)."""
+        raise RegistryError(f"{type(self).__name__} cannot queue rollout commands")
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""

@@ -23,7 +23,7 @@ overlapping batches lock rows in the same order and never deadlock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -32,12 +32,22 @@ from psycopg import errors as pg_errors
 
 from .._errors import (
     DeviceNotFoundError,
+    LeaseLostError,
     ModelNotFoundError,
     RegistryError,
     RolloutNotFoundError,
     VersionConflictError,
 )
-from ._base import DeviceRecord, Registry, RolloutRecord, VersionRecord
+from ._base import AssignmentWrite, DeviceRecord, Registry, RolloutRecord, VersionRecord
+from ._leases import (
+    COMMAND_COLUMNS,
+    Fence,
+    Lease,
+    RolloutCommand,
+    check_lease,
+    command_from_row,
+    command_row,
+)
 from ._rows import (
     DEVICE_COLUMNS,
     ROLLOUT_COLUMNS,
@@ -98,6 +108,36 @@ _SCHEMA = (
     )""",
     "CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts (state)",
     "CREATE INDEX IF NOT EXISTS rollouts_created_at ON rollouts (created_at)",
+    """CREATE TABLE IF NOT EXISTS leases (
+        name TEXT PRIMARY KEY,
+        holder TEXT NOT NULL,
+        token BIGINT NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS rollout_commands (
+        id TEXT PRIMARY KEY,
+        verb TEXT NOT NULL,
+        rollout_id TEXT,
+        body TEXT,
+        state TEXT NOT NULL,
+        result TEXT,
+        created_at DOUBLE PRECISION NOT NULL,
+        done_at DOUBLE PRECISION
+    )""",
+    "CREATE INDEX IF NOT EXISTS rollout_commands_pending ON rollout_commands (state, created_at)",
+)
+# The database's clock decides expiry, so the replicas' clocks do not have to agree.
+_DB_NOW = "EXTRACT(EPOCH FROM clock_timestamp())::DOUBLE PRECISION"
+_TAKE_LEASE = (
+    "UPDATE leases SET token = CASE WHEN holder = %(holder)s THEN token ELSE token + 1 END, "
+    f"holder = %(holder)s, expires_at = {_DB_NOW} + %(ttl)s "
+    f"WHERE name = %(name)s AND (holder = %(holder)s OR expires_at <= {_DB_NOW}) "
+    "RETURNING name, holder, token, expires_at"
+)
+_PUT_ASSIGNMENT = (
+    "INSERT INTO assignments (device, model, document, updated_at) "
+    "VALUES (%s, %s, %s, %s) ON CONFLICT (device, model) DO UPDATE SET "
+    "document = excluded.document, updated_at = excluded.updated_at"
 )
 # An existing device keeps its earliest first_seen; everything else is replaced.
 _UPSERT_DEVICE = (
@@ -278,12 +318,7 @@ class PostgresRegistry(Registry):
         assignment_fields(device, model, signed_assignment)
         text = dump_document(signed_assignment)
         with self._transaction(f"assign {model} to {device}") as conn:
-            conn.execute(
-                "INSERT INTO assignments (device, model, document, updated_at) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT (device, model) DO UPDATE SET "
-                "document = excluded.document, updated_at = excluded.updated_at",
-                (device, model, text, now_text()),
-            )
+            conn.execute(_PUT_ASSIGNMENT, (device, model, text, now_text()))
 
     def get_assignment(self, device: str, model: str) -> dict[str, Any] | None:
         check_name(device, "device id")
@@ -338,6 +373,101 @@ class PostgresRegistry(Registry):
                 f"SELECT {ROLLOUT_COLUMNS} FROM rollouts ORDER BY created_at DESC, id"
             ).fetchall()
         return [rollout_from_row(tuple(r)) for r in rows]
+
+    # -- the rollout leader's lease and its command queue (``_leases``) --------------------
+
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> Lease | None:
+        check_lease(name, holder)
+        with self._transaction(f"take the lease {name}") as conn:
+            conn.execute(
+                "INSERT INTO leases (name, holder, token, expires_at) VALUES (%s, '', 0, 0) "
+                "ON CONFLICT (name) DO NOTHING",
+                (name,),
+            )
+            row = conn.execute(
+                _TAKE_LEASE, {"holder": holder, "name": name, "ttl": float(ttl_s)}
+            ).fetchone()
+        return None if row is None else Lease(row[0], row[1], int(row[2]), float(row[3]))
+
+    def release_lease(self, fence: Fence) -> None:
+        with self._transaction(f"release the lease {fence.lease}") as conn:
+            conn.execute(
+                "UPDATE leases SET expires_at = 0 WHERE name = %s AND holder = %s AND token = %s",
+                (fence.lease, fence.holder, fence.token),
+            )
+
+    def commit_rollout(
+        self,
+        record: RolloutRecord | None,
+        assignments: Sequence[AssignmentWrite] = (),
+        *,
+        fence: Fence | None = None,
+        command: RolloutCommand | None = None,
+    ) -> bool:
+        row = None if record is None else rollout_row(record)
+        docs = []
+        for a in assignments:
+            assignment_fields(a.device, a.model, a.document)
+            docs.append((a.device, a.model, dump_document(a.document), now_text()))
+        done = None if command is None else command_row(command)
+        with self._transaction("record a rollout's state") as conn:
+            # FOR SHARE: a server taking the lease over (an UPDATE) waits for this commit
+            if (
+                fence is not None
+                and not conn.execute(
+                    "SELECT 1 FROM leases WHERE name = %s AND holder = %s AND token = %s FOR SHARE",
+                    (fence.lease, fence.holder, fence.token),
+                ).fetchone()
+            ):
+                raise LeaseLostError(f"the lease {fence.lease} changed hands: write refused")
+            if (
+                done is not None
+                and not conn.execute(
+                    "UPDATE rollout_commands SET state = %s, result = %s, done_at = %s "
+                    "WHERE id = %s AND state = 'pending'",
+                    (done[4], done[5], done[7], done[0]),
+                ).rowcount
+            ):
+                return False  # withdrawn: nothing was written, an empty transaction commits
+            if row is not None:
+                conn.execute(_PUT_ROLLOUT, row)
+            if docs:
+                with conn.cursor() as cur:
+                    cur.executemany(_PUT_ASSIGNMENT, docs)
+        return True
+
+    def add_rollout_command(self, command: RolloutCommand) -> None:
+        row = command_row(command)
+        with self._transaction(f"queue rollout command {command.id}") as conn:
+            conn.execute(
+                f"INSERT INTO rollout_commands ({COMMAND_COLUMNS}) VALUES "
+                "(%s, %s, %s, %s, %s, %s, %s, %s)",
+                row,
+            )
+
+    def pending_rollout_commands(self, limit: int = 100) -> list[RolloutCommand]:
+        with self._connection("read the rollout commands") as conn:
+            rows = conn.execute(
+                f"SELECT {COMMAND_COLUMNS} FROM rollout_commands WHERE state = 'pending' "
+                "ORDER BY created_at, id LIMIT %s",
+                (limit,),
+            ).fetchall()
+        return [command_from_row(tuple(r)) for r in rows]
+
+    def get_rollout_command(self, command_id: str) -> RolloutCommand | None:
+        with self._connection(f"read rollout command {command_id:.40}") as conn:
+            row = conn.execute(
+                f"SELECT {COMMAND_COLUMNS} FROM rollout_commands WHERE id = %s", (command_id,)
+            ).fetchone()
+        return None if row is None else command_from_row(tuple(row))
+
+    def withdraw_rollout_command(self, command_id: str) -> RolloutCommand | None:
+        with self._transaction(f"withdraw rollout command {command_id:.40}") as conn:
+            row = conn.execute(
+                f"DELETE FROM rollout_commands WHERE id = %s RETURNING {COMMAND_COLUMNS}",
+                (command_id,),
+            ).fetchone()
+        return None if row is None else command_from_row(tuple(row))
 
     def close(self) -> None:
         with self._lock:

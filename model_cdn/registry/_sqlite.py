@@ -19,19 +19,30 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from .._errors import (
     DeviceNotFoundError,
+    LeaseLostError,
     ModelNotFoundError,
     RegistryError,
     RolloutNotFoundError,
     VersionConflictError,
 )
-from ._base import DeviceRecord, Registry, RolloutRecord, VersionRecord
+from ._base import AssignmentWrite, DeviceRecord, Registry, RolloutRecord, VersionRecord
+from ._leases import (
+    COMMAND_COLUMNS,
+    Fence,
+    Lease,
+    RolloutCommand,
+    check_lease,
+    command_from_row,
+    command_row,
+)
 from ._rows import (
     DEVICE_COLUMNS,
     ROLLOUT_COLUMNS,
@@ -92,6 +103,23 @@ CREATE TABLE IF NOT EXISTS rollouts (
 );
 CREATE INDEX IF NOT EXISTS rollouts_state ON rollouts (state);
 CREATE INDEX IF NOT EXISTS rollouts_created_at ON rollouts (created_at);
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    token INTEGER NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rollout_commands (
+    id TEXT PRIMARY KEY,
+    verb TEXT NOT NULL,
+    rollout_id TEXT,
+    body TEXT,
+    state TEXT NOT NULL,
+    result TEXT,
+    created_at REAL NOT NULL,
+    done_at REAL
+);
+CREATE INDEX IF NOT EXISTS rollout_commands_pending ON rollout_commands (state, created_at);
 """
 # An existing device keeps its earliest first_seen; everything else is replaced.
 _UPSERT_DEVICE = (
@@ -348,6 +376,114 @@ class SqliteRegistry(Registry):
                 .fetchall()
             )
         return [rollout_from_row(r) for r in rows]
+
+    # -- the rollout leader's lease and its command queue (``_leases``) --------------------
+
+    def acquire_lease(self, name: str, holder: str, ttl_s: float) -> Lease | None:
+        check_lease(name, holder)
+        with self._write(f"take the lease {name}") as conn:
+            now = time.time()  # one host's file: its clock is every holder's clock
+            conn.execute(
+                "INSERT INTO leases (name, holder, token, expires_at) VALUES (?, '', 0, 0) "
+                "ON CONFLICT (name) DO NOTHING",
+                (name,),
+            )
+            row = conn.execute(
+                "UPDATE leases SET token = CASE WHEN holder = ? THEN token ELSE token + 1 END, "
+                "holder = ?, expires_at = ? WHERE name = ? AND (holder = ? OR expires_at <= ?) "
+                "RETURNING name, holder, token, expires_at",
+                (holder, holder, now + ttl_s, name, holder, now),
+            ).fetchone()
+        return None if row is None else Lease(row[0], row[1], int(row[2]), float(row[3]))
+
+    def release_lease(self, fence: Fence) -> None:
+        with self._write(f"release the lease {fence.lease}") as conn:
+            conn.execute(
+                "UPDATE leases SET expires_at = 0 WHERE name = ? AND holder = ? AND token = ?",
+                (fence.lease, fence.holder, fence.token),
+            )
+
+    def commit_rollout(
+        self,
+        record: RolloutRecord | None,
+        assignments: Sequence[AssignmentWrite] = (),
+        *,
+        fence: Fence | None = None,
+        command: RolloutCommand | None = None,
+    ) -> bool:
+        row = None if record is None else rollout_row(record)
+        docs = []
+        for a in assignments:
+            assignment_fields(a.device, a.model, a.document)
+            docs.append((a.device, a.model, dump_document(a.document), now_text()))
+        done = None if command is None else command_row(command)
+        with self._write("record a rollout's state") as conn:
+            if (
+                fence is not None
+                and not conn.execute(
+                    "SELECT 1 FROM leases WHERE name = ? AND holder = ? AND token = ?",
+                    (fence.lease, fence.holder, fence.token),
+                ).fetchone()
+            ):
+                raise LeaseLostError(f"the lease {fence.lease} changed hands: write refused")
+            if (
+                done is not None
+                and not conn.execute(
+                    "UPDATE rollout_commands SET state = ?, result = ?, done_at = ? "
+                    "WHERE id = ? AND state = 'pending'",
+                    (done[4], done[5], done[7], done[0]),
+                ).rowcount
+            ):
+                return False  # withdrawn: nothing was written, an empty transaction commits
+            if row is not None:
+                conn.execute(_PUT_ROLLOUT, row)
+            conn.executemany(
+                "INSERT INTO assignments (device, model, document, updated_at) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (device, model) DO UPDATE SET "
+                "document = excluded.document, updated_at = excluded.updated_at",
+                docs,
+            )
+        return True
+
+    def add_rollout_command(self, command: RolloutCommand) -> None:
+        row = command_row(command)
+        with self._write(f"queue rollout command {command.id}") as conn:
+            conn.execute(
+                f"INSERT INTO rollout_commands ({COMMAND_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                row,
+            )
+
+    def pending_rollout_commands(self, limit: int = 100) -> list[RolloutCommand]:
+        with self._errors("read the rollout commands"):
+            rows = (
+                self._connection()
+                .execute(
+                    f"SELECT {COMMAND_COLUMNS} FROM rollout_commands WHERE state = 'pending' "
+                    "ORDER BY created_at, id LIMIT ?",
+                    (limit,),
+                )
+                .fetchall()
+            )
+        return [command_from_row(r) for r in rows]
+
+    def get_rollout_command(self, command_id: str) -> RolloutCommand | None:
+        with self._errors(f"read rollout command {command_id:.40}"):
+            row = (
+                self._connection()
+                .execute(
+                    f"SELECT {COMMAND_COLUMNS} FROM rollout_commands WHERE id = ?", (command_id,)
+                )
+                .fetchone()
+            )
+        return None if row is None else command_from_row(row)
+
+    def withdraw_rollout_command(self, command_id: str) -> RolloutCommand | None:
+        with self._write(f"withdraw rollout command {command_id:.40}") as conn:
+            row = conn.execute(
+                f"DELETE FROM rollout_commands WHERE id = ? RETURNING {COMMAND_COLUMNS}",
+                (command_id,),
+            ).fetchone()
+        return None if row is None else command_from_row(row)
 
     def close(self) -> None:
         with self._lock:

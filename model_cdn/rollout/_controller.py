@@ -16,27 +16,44 @@ owns the time-driven part; every change happens under one lock:
 
 The machines' actions are carried out through the ``AssignmentPublisher``
 (the one way assignments leave the CDN): ``Assign`` signs an assignment with
-the publisher's key (``rollback`` for the way back), stores it in the
-registry (devices poll it over HTTP) and publishes it retained without
-waiting for the broker (offline devices find it when they reconnect; paho
-sends it again after a reconnect of the CDN's own link); ``Unassign``
-(abort) re-assigns the previous version as a rollback, which a device still
-on it ignores.
+the publisher's key (``rollback`` for the way back); ``Unassign`` (abort)
+re-assigns the previous version as a rollback, which a device still on it
+ignores. Signed assignments wait in the rollout's outbox (``_outbox``)
+until they are committed to the registry in one transaction with the
+rollout's new snapshot (devices poll them over HTTP), and only then are
+published retained without waiting for the broker (offline devices find
+them when they reconnect). So whoever resumes re-sends stored documents and
+never signs a second one for the same wave.
 
 Persistence: a rollout's snapshot (``Rollout.to_dict``) is written to the
-registry after every command and at most every ``flush_s`` after events;
-device records likewise, in one batch. A restarted controller loads every
-rollout, re-publishes the assignments of devices that have not reported, and
-goes on where it was: time in the machine is wall-clock seconds, so device
-timeouts and soak times span the restart.
+registry after every command and every action, and at most every
+``flush_s`` after events; device records likewise, in one batch. A
+restarted controller loads every rollout, re-publishes the assignments of
+devices that have not reported, and goes on where it was: time in the
+machine is wall-clock seconds, so device timeouts and soak times span the
+restart.
+
+Several replicas (``lease``, a ``LeaderLease``): only the holder of the
+registry's rollout lease leads. The leader does all of the above with every
+write fenced by its lease's token (``LeaseLostError`` once another server
+took over: it then steps down and drops its in-memory rollouts). A follower
+hears the fleet into its ``FleetView`` (``devices`` answers from it) but
+writes nothing; it answers rollout reads from the registry and queues
+commands there for the leader (``_commands``). On taking over, a controller
+loads every rollout from the registry, re-publishes what devices have not
+acted on, and counts devices its fleet view already shows on the new version
+as installed. Without a lease the controller always leads (one server).
 
 Exceptions (defined in ``model_cdn._errors``, re-exported here)::
 
     model_cdn.CdnError
     ├── RolloutStateError      the rollout's state does not allow the command (409)
     ├── RolloutConflictError   the model already has an active rollout (409)
-    └── RolloutRequestError    (ValueError) a request that cannot start a rollout (400):
-                               bad fields, malformed waves, a 0-device wave, no device
+    ├── RolloutRequestError    (ValueError) a request that cannot start a rollout (400):
+    │                          bad fields, malformed waves, a 0-device wave, no device
+    ├── NoRolloutLeaderError   a follower's command got no answer from a leader (503)
+    └── RegistryError
+        └── LeaseLostError     this server lost the rollout lease meanwhile (503)
 """
 
 from __future__ import annotations
@@ -47,22 +64,25 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from shared import DeviceReport, UpdateState, UpdateStatus
 
 from .._errors import (
-    ModelNotFoundError,
+    LeaseLostError,
     RolloutConflictError,
     RolloutNotFoundError,
     RolloutRequestError,
 )
 from .._publisher import AssignmentPublisher
 from ..fleet._view import FleetView
-from ..registry import DeviceRecord, Registry, RolloutRecord
+from ..registry import DeviceRecord, Registry
+from ..registry._leases import Fence, RolloutCommand
+from ._commands import CommandQueue, apply_queued
+from ._leader import LeaderLease
 from ._machine import Action, Assign, DeviceStatus, Notify, Rollout, RolloutState, Unassign
-from ._spec import RolloutSpec
+from ._outbox import RolloutEntry, RolloutOutbox
+from ._requests import explain_empty, spec_from
 from ._view import status_view
 
 __all__ = ["RolloutConflictError", "RolloutController", "RolloutRequestError"]
@@ -76,29 +96,6 @@ _ACTIVE = {
     RolloutState.HALTED,
     RolloutState.ROLLING_BACK,
 }
-# what a request to start a rollout may set, besides model, version and previous_version
-_SPEC_FIELDS = {
-    "target",
-    "waves",
-    "max_failure_rate",
-    "min_reports",
-    "soak_s",
-    "device_timeout_s",
-    "max_error_rate_increase",
-    "max_p99_latency_ratio",
-    "max_offload_rate_increase",
-    "max_agreement_drop",
-    "min_health_samples",
-}
-
-
-@dataclass
-class _Entry:
-    id: str
-    rollout: Rollout
-    created_at: float
-    updated_at: float
-    dirty: bool = False
 
 
 class RolloutController:
@@ -114,6 +111,8 @@ class RolloutController:
         flush_s: float = 1.0,
         health_max_age_s: float = 120.0,
         assignment_ttl_days: float = 30,
+        lease: LeaderLease | None = None,
+        command_timeout_s: float = 15.0,
     ) -> None:
         if publisher.key is None:
             raise ValueError("the rollout controller signs assignments: give the publisher a key")
@@ -121,27 +120,42 @@ class RolloutController:
         self.clock, self.tick_s, self.flush_s = clock, tick_s, flush_s
         self.health_max_age_s = health_max_age_s
         self.assignment_ttl_days = assignment_ttl_days
+        self.lease = lease
+        self.commands = CommandQueue(registry, timeout_s=command_timeout_s)
+        self.outbox = RolloutOutbox(
+            registry, publisher, lease, clock=clock, assignment_ttl_days=assignment_ttl_days
+        )
         self.fleet = FleetView(registry.list_devices())
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, RolloutEntry] = {}
         self._lock = threading.RLock()
         self._events: queue.SimpleQueue[DeviceReport | UpdateStatus] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.events_seen = 0
-        for record in registry.list_rollouts():
-            rollout = Rollout.from_dict(record.snapshot["rollout"])
-            self._entries[record.id] = _Entry(
-                record.id, rollout, record.created_at, record.updated_at
-            )
+        # Without a lease this controller always leads, unfenced; with one, from take-over on.
+        self._leading = lease is None
+        self._fence: Fence | None = None
+        if self._leading:
+            self._load_entries()
+
+    @property
+    def leading(self) -> bool:
+        """Whether this controller is the rollout leader now."""
+        with self._lock:
+            self._sync_leadership()
+            return self._leading
 
     # -------------------------------------------------------------- lifecycle
 
     def start(self) -> RolloutController:
-        """Re-publish what devices have not acted on yet, then run the worker."""
+        """Take the lease if free, re-publish what devices have not acted on, run the worker."""
+        if self.lease is not None:
+            self.lease.start()
         with self._lock:
-            for entry in self._entries.values():
-                if entry.rollout.state in _ACTIVE:
-                    self._republish(entry)
+            if self.lease is None:
+                self._republish_all()
+            else:
+                self._sync_leadership()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="tandem-rollouts", daemon=True)
         self._thread.start()
@@ -154,7 +168,11 @@ class RolloutController:
             thread.join(timeout_s)
         with self._lock:
             self._drain()
-            self._flush(force=True)
+            self._sync_leadership()
+            if self._leading:
+                self._flush(force=True)
+        if self.lease is not None:
+            self.lease.stop()  # releases it: a follower takes over at its next try
 
     def submit(self, event: DeviceReport | UpdateStatus) -> None:
         """Queue a heartbeat or an update report (any thread; never blocks)."""
@@ -163,8 +181,16 @@ class RolloutController:
     # --------------------------------------------------------------- commands
 
     def create(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Start a rollout from the admin API's JSON body; nothing changes if it fails."""
-        spec = self._spec_from(body)
+        """Start a rollout from the admin API's JSON body; nothing changes if it fails.
+
+        On a follower the command goes to the leader through the registry.
+        """
+        if not self.leading:
+            return self.commands.submit("create", body=body)
+        return self._create(body)
+
+    def _create(self, body: Mapping[str, Any], command: RolloutCommand | None = None) -> Any:
+        spec = spec_from(body, self.registry)
         with self._lock:
             self._drain()  # every device heard so far is a candidate
             busy = [
@@ -183,11 +209,12 @@ class RolloutController:
             try:
                 actions = rollout.start(candidates, now)
             except ValueError as e:
-                raise RolloutRequestError(self._explain_empty(spec, str(e))) from e
-            entry = _Entry(f"ro-{secrets.token_hex(6)}", rollout, now, now, dirty=True)
+                raise RolloutRequestError(explain_empty(spec, str(e), self.fleet)) from e
+            entry = RolloutEntry(f"ro-{secrets.token_hex(6)}", rollout, now, now, dirty=True)
             self._entries[entry.id] = entry
             self._carry_out(entry, actions)
-            self._persist(entry)
+            if not self._persist(entry, command):
+                return None  # the command was withdrawn: _persist forgot the rollout
             log.info(
                 "rollout %s: %s@%d to %d devices in %d waves",
                 entry.id,
@@ -199,7 +226,15 @@ class RolloutController:
             return self._view(entry)
 
     def command(self, rollout_id: str, verb: str) -> dict[str, Any]:
-        """``pause``, ``resume``, ``abort`` or ``rollback`` (``RolloutStateError`` if not now)."""
+        """``pause``, ``resume``, ``abort`` or ``rollback`` (``RolloutStateError`` if not now).
+
+        On a follower the command goes to the leader through the registry.
+        """
+        if not self.leading:
+            return self.commands.submit(verb, rollout_id=rollout_id)
+        return self._command(rollout_id, verb)
+
+    def _command(self, rollout_id: str, verb: str, command: RolloutCommand | None = None) -> Any:
         with self._lock:
             entry = self._entry(rollout_id)
             self._drain()  # act on every report that arrived before the command
@@ -216,18 +251,30 @@ class RolloutController:
                 raise ValueError(f"unknown rollout command {verb!r}")
             entry.dirty = True
             self._carry_out(entry, actions)
-            self._persist(entry)
+            if not self._persist(entry, command):
+                return None  # the command was withdrawn: _persist reloaded the rollout
             return self._view(entry)
+
+    def _apply_queued(self) -> None:
+        """Apply the commands followers queued (``_commands``)."""
+        apply_queued(self.registry, self._fence, create=self._create, command=self._command)
 
     # ---------------------------------------------------------------- queries
 
     def get(self, rollout_id: str) -> dict[str, Any]:
         with self._lock:
+            self._sync_leadership()
+            if not self._leading:
+                record = self.registry.get_rollout(rollout_id)
+                return self._view(RolloutEntry.of(record))
             return self._view(self._entry(rollout_id))
 
     def rollouts(self) -> list[dict[str, Any]]:
-        """Every rollout's status, newest first."""
+        """Every rollout's status, newest first (a follower reads them from the registry)."""
         with self._lock:
+            self._sync_leadership()
+            if not self._leading:
+                return [self._view(RolloutEntry.of(r)) for r in self.registry.list_rollouts()]
             entries = sorted(self._entries.values(), key=lambda e: e.created_at, reverse=True)
             return [self._view(e) for e in entries]
 
@@ -261,9 +308,11 @@ class RolloutController:
         """Process every queued event, then tick and write state (what the worker does)."""
         with self._lock:
             self._drain()
-            if tick:
+            self._sync_leadership()
+            if self._leading and tick:
+                self._apply_queued()
                 self._tick()
-            if flush:
+            if self._leading and flush:
                 self._flush()
 
     def _run(self) -> None:
@@ -278,13 +327,21 @@ class RolloutController:
                     if first is not None:
                         self._handle(first)
                         self._drain(limit=5000)
+                    self._sync_leadership()
                     now_m = time.monotonic()
                     if now_m >= next_tick:
-                        self._tick()
+                        if self._leading:
+                            self._apply_queued()
+                            self._tick()
                         next_tick = now_m + self.tick_s
                     if now_m >= next_flush:
-                        self._flush()
+                        if self._leading:
+                            self._flush()
                         next_flush = now_m + self.flush_s
+            except LeaseLostError as e:  # another server leads now: follow
+                log.warning("rollout controller: %s", e)
+                with self._lock:
+                    self._step_down()
             except Exception:  # the loop must survive a bug in one event or a DB hiccup
                 log.exception("rollout controller step failed")
                 self._stop.wait(self.tick_s)
@@ -333,12 +390,12 @@ class RolloutController:
             return r.report(device, UpdateState.INSTALLED, version, now)
         return []
 
-    def _after_event(self, entry: _Entry, actions: list[Action]) -> None:
+    def _after_event(self, entry: RolloutEntry, actions: list[Action]) -> None:
         if actions or entry.rollout.devices:
             entry.dirty = True
         self._carry_out(entry, actions)
-        if any(isinstance(a, Notify) for a in actions):
-            self._persist(entry)  # state changes are written at once
+        if entry.outbox or any(isinstance(a, Notify) for a in actions):
+            self._persist(entry)  # state changes and assignments are written at once
 
     def _tick(self) -> None:
         now = self.clock()
@@ -356,60 +413,56 @@ class RolloutController:
             if actions:
                 entry.dirty = True
                 self._carry_out(entry, actions)
-                if any(isinstance(a, Notify) for a in actions):
+                if entry.outbox or any(isinstance(a, Notify) for a in actions):
                     self._persist(entry)
 
     def _flush(self, *, force: bool = False) -> None:
         dirty = self.fleet.take_dirty()
         if dirty:
             self.registry.upsert_devices(dirty)
-        for entry in self._entries.values():
-            if entry.dirty or force:
+        for entry in list(self._entries.values()):
+            if entry.dirty or entry.outbox or force:
                 self._persist(entry)
 
     # ----------------------------------------------------------------- helpers
 
-    def _active(self, model: str) -> Iterable[_Entry]:
+    def _active(self, model: str) -> Iterable[RolloutEntry]:
         return [
             e
             for e in self._entries.values()
             if e.rollout.spec.model == model and e.rollout.state in _ACTIVE
         ]
 
-    def _entry(self, rollout_id: str) -> _Entry:
+    def _entry(self, rollout_id: str) -> RolloutEntry:
         entry = self._entries.get(rollout_id)
         if entry is None:
             raise RolloutNotFoundError(f"no rollout {rollout_id!r:.40}")
         return entry
 
-    def _view(self, entry: _Entry) -> dict[str, Any]:
+    def _view(self, entry: RolloutEntry) -> dict[str, Any]:
         return status_view(
             entry.id, entry.rollout, created_at=entry.created_at, updated_at=entry.updated_at
         )
 
-    def _persist(self, entry: _Entry) -> None:
-        entry.updated_at = self.clock()
-        r = entry.rollout
-        self.registry.put_rollout(
-            RolloutRecord(
-                id=entry.id,
-                model=r.spec.model,
-                version=r.spec.version,
-                state=r.state.value,
-                snapshot={"rollout": r.to_dict()},
-                created_at=entry.created_at,
-                updated_at=entry.updated_at,
-            )
-        )
-        entry.dirty = False
+    def _persist(self, entry: RolloutEntry, command: RolloutCommand | None = None) -> bool:
+        """Commit the rollout with its outbox (``_outbox``); False: the command was withdrawn
+        and the rollout is back as stored. ``LeaseLostError``: this server follows now."""
+        try:
+            done = self.outbox.commit(entry, self._view, self._fence, command)
+        except LeaseLostError:
+            self._step_down()
+            raise
+        if not done:
+            self._reload(entry.id)
+        return done
 
-    def _carry_out(self, entry: _Entry, actions: Iterable[Action]) -> None:
+    def _carry_out(self, entry: RolloutEntry, actions: Iterable[Action]) -> None:
         spec = entry.rollout.spec
         for action in actions:
             if isinstance(action, Assign):
-                self._assign(entry, action.device, action.version, action.rollback)
+                self.outbox.sign(entry, action.device, action.version, action.rollback)
             elif isinstance(action, Unassign):
-                self._assign(entry, action.device, spec.previous_version, True)
+                self.outbox.sign(entry, action.device, spec.previous_version, True)
             elif isinstance(action, Notify):
                 log.info(
                     "rollout %s: %s (wave %d) %s",
@@ -419,63 +472,57 @@ class RolloutController:
                     action.reason,
                 )
 
-    def _assign(self, entry: _Entry, device: str, version: int, rollback: bool) -> None:
-        model = entry.rollout.spec.model
-        doc = self.publisher.sign(
-            device=device,
-            model=model,
-            version=version,
-            rollback=rollback,
-            rollout=entry.id,
-            ttl_days=self.assignment_ttl_days,
-        )
-        self.publisher.deliver(self.registry, device, model, doc, wait=False)
+    def _republish_all(self) -> None:
+        for entry in list(self._entries.values()):
+            if entry.rollout.state in _ACTIVE:
+                self.outbox.republish(entry, self._fence)
 
-    def _republish(self, entry: _Entry) -> None:
-        model = entry.rollout.spec.model
-        waiting = (DeviceStatus.ASSIGNED, DeviceStatus.ROLLBACK_ASSIGNED)
-        for device, d in entry.rollout.devices.items():
-            if d.status in waiting:
-                doc = self.registry.get_assignment(device, model)
-                if doc is not None:
-                    self.publisher.publish(device, doc, wait=False)
+    # ------------------------------------------------------------- leadership
 
-    def _spec_from(self, body: Mapping[str, Any]) -> RolloutSpec:
-        if not isinstance(body, Mapping):
-            raise RolloutRequestError("the body is a JSON object")
-        unknown = set(body) - _SPEC_FIELDS - {"model", "version", "previous_version"}
-        if unknown:
-            raise RolloutRequestError(f"unknown field(s): {', '.join(sorted(unknown))}")
-        model, version = body.get("model"), body.get("version")
-        if not isinstance(model, str) or not model:
-            raise RolloutRequestError("'model' names the model to roll out")
-        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-            raise RolloutRequestError("'version' is the positive version number to roll out")
-        self.registry.get_version(model, version)  # ModelNotFoundError: 404
-        previous = body.get("previous_version")
-        if previous is None:
-            earlier = [v.version for v in self.registry.list_versions(model) if v.version < version]
-            if not earlier:
-                raise RolloutRequestError(
-                    f"{model} has no version below {version} to fall back to; set previous_version"
-                )
-            previous = max(earlier)
-        elif isinstance(previous, int) and not isinstance(previous, bool):
-            try:
-                self.registry.get_version(model, previous)
-            except ModelNotFoundError as e:
-                raise RolloutRequestError(f"previous_version: {e}") from e
-        if "waves" not in body:
-            raise RolloutRequestError("'waves' is required, e.g. \"5%,25%,100%\"")
-        fields = {k: body[k] for k in _SPEC_FIELDS if k in body and body[k] is not None}
+    def _load_entries(self) -> None:
+        self._entries = {r.id: RolloutEntry.of(r) for r in self.registry.list_rollouts()}
+
+    def _reload(self, rollout_id: str) -> None:
+        """Forget in-memory changes to one rollout: back to what the registry holds."""
         try:
-            return RolloutSpec(model=model, version=version, previous_version=previous, **fields)
-        except (TypeError, ValueError) as e:
-            raise RolloutRequestError(str(e)) from e
+            self._entries[rollout_id] = RolloutEntry.of(self.registry.get_rollout(rollout_id))
+        except RolloutNotFoundError:
+            self._entries.pop(rollout_id, None)
 
-    def _explain_empty(self, spec: RolloutSpec, message: str) -> str:
-        if "0 devices" in message or "empty" in message or "no device" in message:
-            running = len(self.fleet.select(model=spec.model))
-            target = ", ".join(f"{k}={v}" for k, v in spec.target.items()) or "(all)"
-            return f"{message} (target {target}; {running} known devices run {spec.model})"
-        return message
+    def _sync_leadership(self) -> None:
+        """Follow the lease: take over when it became ours, step down when it lapsed."""
+        if self.lease is None:
+            return
+        fence = self.lease.current()
+        if fence == self._fence:
+            return
+        if self._leading:
+            self._step_down()
+        if fence is not None:
+            self._take_over(fence)
+
+    def _take_over(self, fence: Fence) -> None:
+        """Lead: every rollout as the registry holds it, then catch up with the fleet."""
+        self._fence = fence
+        self._load_entries()
+        self._leading = True
+        active = [e for e in self._entries.values() if e.rollout.state in _ACTIVE]
+        log.info("rollout leader (token %d): resuming %d active rollouts", fence.token, len(active))
+        for entry in active:
+            self.outbox.republish(entry, self._fence)
+            now, r, actions = self.clock(), entry.rollout, []
+            for record in self.fleet.select(model=r.spec.model):
+                d = r.devices.get(record.device)
+                if d is not None:
+                    version = record.models[r.spec.model]
+                    actions += self._heartbeat_report(r, record.device, d.status, version, now)
+            self._after_event(entry, actions)
+
+    def _step_down(self) -> None:
+        if self.lease is None:
+            return  # one server, unfenced: nobody else can lead
+        if self._leading:
+            log.warning("rollout controller: not the leader any more; following")
+        if self._fence is not None:
+            self.lease.forfeit(self._fence)  # refused once: never trusted again
+        self._leading, self._fence, self._entries = False, None, {}

@@ -5,6 +5,11 @@ carries every assignment out, through ``publisher`` (an
 ``AssignmentPublisher`` with the assigning key), which the controller and
 the admin API's assignment PUT share (``create_app`` takes it from
 ``controller.publisher``).
+
+Several ``cdn serve`` replicas on one registry elect one rollout leader
+(``_leader``): each service holds a ``LeaderLease`` of ``leader_lease_s``
+seconds (``None``: no election, for a single server that must lead), and
+only the holder's controller drives rollouts; the others follow.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from .._publisher import AssignmentPublisher
 from ..fleet import FleetEvent, FleetLink
 from ..registry import Registry
 from ._controller import RolloutController
+from ._leader import DEFAULT_LEASE_TTL_S, LeaderLease
 
 __all__ = ["FleetService"]
 
@@ -30,11 +36,16 @@ class FleetService:
         key: SigningKey,
         settings: MqttSettings,
         topics: Topics,
+        *,
+        leader_lease_s: float | None = DEFAULT_LEASE_TTL_S,
         **controller_options: Any,
     ) -> None:
         self.link = FleetLink(settings, topics, self._on_event)
         self.publisher = AssignmentPublisher(self.link, key=key)
-        self.controller = RolloutController(registry, self.publisher, **controller_options)
+        lease = None if leader_lease_s is None else LeaderLease(registry, ttl_s=leader_lease_s)
+        self.controller = RolloutController(
+            registry, self.publisher, lease=lease, **controller_options
+        )
 
     def _on_event(self, event: FleetEvent) -> None:
         self.controller.submit(event)

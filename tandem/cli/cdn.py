@@ -106,6 +106,27 @@ RolloutKeyOption = Annotated[
 LogLevelOption = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
 
 
+RedisOption = Annotated[
+    str | None,
+    typer.Option(
+        "--redis",
+        envvar="TANDEM_REDIS_URL",
+        help="Redis URL (redis://host:6379/0): API keys' rate limits are then shared by "
+        "every replica; without it each process counts its own.",
+        show_default=False,
+    ),
+]
+LeaderLeaseOption = Annotated[
+    float,
+    typer.Option(
+        "--leader-lease-s",
+        help="How long the rollout leader's lease lasts without renewal; a replica takes "
+        "over within about this long after the leader dies. 0 turns election off (one "
+        "server alone).",
+    ),
+]
+
+
 @cdn_app.command("serve")
 def cdn_serve(
     host: HostOption = "127.0.0.1",
@@ -126,6 +147,8 @@ def cdn_serve(
     mqtt_ca: MqttCaOption = None,
     mqtt_cert: MqttCertOption = None,
     mqtt_key: MqttKeyOption = None,
+    redis: RedisOption = None,
+    leader_lease_s: LeaderLeaseOption = 10.0,
 ) -> None:
     """Serve models, signed manifests, blobs (ranges, immutable caching) and assignments.
 
@@ -133,7 +156,10 @@ def cdn_serve(
     'tandem models assign' write through the admin API. With --broker and
     --sign-key the server also hears the fleet's heartbeats and update reports
     and runs staged rollouts ('tandem rollout start'), keeping their state in
-    the registry so a restart resumes them. --tls-cert and
+    the registry so a restart resumes them. Several replicas on one PostgreSQL
+    registry elect one rollout leader (a lease renewed every --leader-lease-s / 3);
+    the others forward rollout commands to it. --redis shares API keys' rate
+    limits across replicas. --tls-cert and
     --tls-key serve HTTPS (--tls-client-ca: mutual TLS); --mqtt-ca,
     --mqtt-cert and --mqtt-key are for an mqtts:// broker.
 
@@ -161,6 +187,8 @@ def cdn_serve(
                 topics=Topics(prefix),
                 log_level=log_level,
                 tls=_https(tls_cert, tls_key, tls_client_ca),
+                redis_url=redis,
+                leader_lease_s=leader_lease_s or None,
             )
             if sign_key is not None and settings.mqtt is None:
                 raise ValueError("--sign-key runs rollouts, which need --broker")

@@ -139,6 +139,16 @@ LegacyTopicsOption = Annotated[
         "<prefix>/dev/<device>/infer/<model> and are answered on their own reply topic.",
     ),
 ]
+RedisOption = Annotated[
+    str | None,
+    typer.Option(
+        "--redis",
+        envvar="TANDEM_REDIS_URL",
+        help="Redis URL (redis://host:6379/0): an API key's rate limit then holds across "
+        "every HTTP process and hub replica; without it each process counts its own.",
+        show_default=False,
+    ),
+]
 MaxInflightOption = Annotated[
     int,
     typer.Option(
@@ -172,6 +182,7 @@ def hub(
     mqtt_client: MqttClientOption = "auto",
     legacy_topics: LegacyTopicsOption = True,
     max_inflight_mib: MaxInflightOption = 256,
+    redis: RedisOption = None,
 ) -> None:
     """Serve a model repository to edge devices over MQTT, batching on the GPU when present.
 
@@ -237,6 +248,7 @@ def hub(
         workers=workers,
         http_workers=http_workers,
         max_inflight_mib=max_inflight_mib,
+        redis_url=redis,
         log_level=log_level,
         log_format=log_format,
     )
