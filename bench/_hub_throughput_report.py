@@ -333,7 +333,7 @@ def _memory_targets(mi: dict[str, Any]) -> list[dict[str, Any]]:
         _target(
             "the same memory given back afterwards",
             f"growth <= {RETURNED_MIB:.0f} MiB",
-            f"{mem['after_growth_mib']:.1f} MiB, {mem['returned_in_s']:.1f} s after the "
+            f"{mem['after_growth_mib']:+.1f} MiB, {mem['returned_in_s']:.1f} s after the "
             "last answer",
             mem["after_growth_mib"] <= RETURNED_MIB,
             "the allocator keeps freed pages",
@@ -344,7 +344,8 @@ def _memory_targets(mi: dict[str, Any]) -> list[dict[str, Any]]:
             f"<= {TARGET_FLOOD_P99_X:.0f}x",
             f"{p99_x:.2f}x ({flood['p99_ms']:.1f} vs {idle['p99_ms']:.1f} ms; p50 "
             f"{flood['p50_ms']:.1f} vs {idle['p50_ms']:.1f} ms; "
-            f"{flood['bodies_answered']} bodies answered meanwhile)",
+            f"{flood['bodies_answered']} bodies answered meanwhile, by status "
+            f"{flood['bodies_statuses']})",
             p99_x <= TARGET_FLOOD_P99_X,
             f"CPU: parsing the bodies kept the HTTP ingress at {http_cores:.2f} cores of "
             "the 2 that the MQTT ingress, the executor, the broker and the load generator "

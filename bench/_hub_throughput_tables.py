@@ -21,6 +21,7 @@ from ._report import RESULTS_DIR
 __all__ = ["LABELS", "describe_cores", "tables_notes_plot"]
 
 PLOT = "hub_throughput.png"
+_IDLE_CORES = 0.005  # a process using less than this is idle in a row
 _STALL_MS = 30.0  # a median round trip at 1 requester above this is a stall, not work
 LABELS = {
     "executor": "tiny model: executor alone at its best batch size (the limit)",
@@ -55,7 +56,9 @@ def describe_cores(point: dict[str, Any], *, per_request: bool) -> str:
     """``executor 0.61, mqtt 0 0.52, supervisor 0.01`` (or µs per request), busiest first."""
     procs = point["processes"]
     executors = sorted((k for k in procs if k.startswith("executor")), key=lambda k: -procs[k])
-    shown = executors[:1] + [k for k in procs if not k.startswith(("executor", "supervisor"))]
+    others = [k for k in procs if not k.startswith(("executor", "supervisor"))]
+    # An ingress of the other transport sits idle in a hub row: leave it out.
+    shown = executors[:1] + [k for k in others if procs[k] >= _IDLE_CORES or len(procs) == 1]
     parts = [(k, procs[k]) for k in shown]
     if len(executors) > 1:
         parts.append((f"{len(executors) - 1} idle executors", sum(procs[k] for k in executors[1:])))
@@ -240,8 +243,8 @@ def _memory_table(mi: dict[str, Any]) -> dict[str, Any]:
     rows = [
         [
             f"{BODIES} JSON bodies at once, hub A's memory (sum of PSS)",
-            f"{mem['before_mib']:.0f} MiB before, +{mem['peak_growth_mib']:.0f} MiB at the "
-            f"peak, +{mem['after_growth_mib']:.1f} MiB {mem['returned_in_s']:.1f} s after; "
+            f"{mem['before_mib']:.0f} MiB before, {mem['peak_growth_mib']:+.0f} MiB at the "
+            f"peak, {mem['after_growth_mib']:+.1f} MiB {mem['returned_in_s']:.1f} s after; "
             f"{mem['in_flight_mib']:.0f} MiB in flight; answers {mem['statuses']} in "
             f"{mem['burst_s']:.1f} s",
         ]
@@ -323,6 +326,15 @@ def _notes(m: dict[str, Any], summary: dict[str, dict[int, dict[str, Any]]]) -> 
     load = m["load"]
     clients = m["load_clients"]
     notes = []
+    flood = m["memory_isolation"]["isolation"]["flood"]
+    refused = flood["bodies_statuses"].get("503", 0)
+    if refused:
+        notes.append(
+            f"During the flood the HTTP ingress answered {refused} of "
+            f"{flood['bodies_answered']} bodies with 503 (overloaded: its in-flight byte "
+            "budget) without parsing them, so the flood loaded the hub less than "
+            f"{BODIES} bodies in parsing at all times would."
+        )
     lone = summary["hub_mqtt"][1]
     if lone["p50_ms"] > _STALL_MS:
         notes.append(
