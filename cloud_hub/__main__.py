@@ -71,6 +71,13 @@ def _parser() -> argparse.ArgumentParser:
     add("--no-legacy-topics", action="store_true", help="only <prefix>/dev/<device>/infer/...")
     add("--max-inflight-mib", type=int, default=256, help="HTTP request bytes held at once")
     add("--redis", default=os.environ.get("TANDEM_REDIS_URL"), help="Redis URL: shared rate limits")
+    add("--repo-poll-s", type=float, default=2.0, help="look for new versions this often; 0: never")
+    add("--cdn", help="pull the --model(s) from this CDN into --repo")
+    add("--model", action="append", default=[], help="NAME or NAME@VERSION to pull (repeat)")
+    add("--trusted-key", action="append", type=Path, default=[], help="publisher public key")
+    add("--cdn-token", default=os.environ.get("TANDEM_CDN_TOKEN"), help="CDN read token")
+    add("--cdn-ca", type=Path, help="PEM CA of an https:// CDN")
+    add("--cdn-poll-s", type=float, default=30.0, help="ask the CDN for new versions this often")
     return parser
 
 
@@ -89,6 +96,9 @@ def main(argv: list[str] | None = None) -> None:
         mqtt_client=a.mqtt_client,
         device=a.device,
         max_inflight_mib=a.max_inflight_mib,
+        cdn=a.cdn,
+        models=tuple(a.model),
+        trusted_keys=tuple(a.trusted_key),
     )
     if problem is not None:
         parser.error(f"argument {problem[0]}: {problem[1]}")
@@ -123,6 +133,13 @@ def main(argv: list[str] | None = None) -> None:
             legacy_topics=not a.no_legacy_topics,
             max_inflight_mib=a.max_inflight_mib,
             redis_url=a.redis,
+            repo_poll_s=max(0.0, a.repo_poll_s),
+            cdn=a.cdn,
+            models=tuple(a.model),
+            trusted_keys=tuple(a.trusted_key),
+            cdn_token=a.cdn_token,
+            cdn_ca=a.cdn_ca,
+            cdn_poll_s=max(1.0, a.cdn_poll_s),
         )
     except (ValueError, TandemError) as e:  # ConfigError is a ValueError
         parser.error(str(e))

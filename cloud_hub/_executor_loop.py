@@ -17,6 +17,11 @@ executor is stopping), ``internal`` (the model failed on its batch). A
 request whose ingress has gone (its link closed) is dropped from the queue:
 nobody is left to answer, and that ingress's devices time out and fall back.
 
+``retire`` (SIGUSR1 in an executor process: a newer version took over) stops
+taking new links and ends the loop once every ingress has let go of this
+one (after its last replies) and nothing is queued, or after
+``RETIRE_TIMEOUT_S`` at the latest, answering what is left ``overloaded``.
+
 Metrics go into a ``MetricsBook`` (``_metrics_book``) under the Triton-like
 names of ``_prometheus``: rows and batches executed, batch sizes, queue and
 compute durations, rejections, queue depth, and the executor's device.
@@ -48,6 +53,7 @@ __all__ = ["ExecutorLoop", "model_info"]
 log = logging.getLogger(__name__)
 
 _IDLE_WAKE_S = 0.5  # with nothing queued, still look at ``on_tick`` this often
+RETIRE_TIMEOUT_S = 60.0  # a retiring executor waits this long for its ingress to let go
 
 
 def model_info(served: ServedModel, *, instance: int = 0) -> ModelInfo:
@@ -111,6 +117,7 @@ class ExecutorLoop:
         os.set_blocking(self._wake_w, False)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._stopping = False
+        self._retire_by: float | None = None  # set once retiring: the latest end
         self._wake_at: float | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -120,6 +127,13 @@ class ExecutorLoop:
         self._stopping = True
         with contextlib.suppress(OSError):  # the pipe is full (a wake-up is pending) or closed
             os.write(self._wake_w, b"x")
+
+    def retire(self) -> None:
+        """Take no new links; end once the ingress processes are gone (signal-safe)."""
+        if self._retire_by is None:
+            self._retire_by = time.monotonic() + RETIRE_TIMEOUT_S
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"r")
 
     def run(self) -> None:
         """Serve until ``stop``; then close every link and the listening socket."""
@@ -131,6 +145,8 @@ class ExecutorLoop:
                 self._flush()
                 if self._on_tick is not None:
                     self._on_tick()
+                if self._retire_by is not None:
+                    self._retiring()
         finally:
             self._shutdown()
 
@@ -151,6 +167,15 @@ class ExecutorLoop:
             else:
                 assert isinstance(target, IngressPeer)
                 self._read(target)
+
+    def _retiring(self) -> None:
+        if self.server.fileno() >= 0:  # no new ingress: they connect to the new version
+            self._selector.unregister(self.server)
+            self.server.close()
+            log.info("executor %s@%s retiring", self.info.model, self.info.version)
+        assert self._retire_by is not None
+        if (not self._peers and not len(self.queue)) or time.monotonic() > self._retire_by:
+            self._stopping = True
 
     def _accept(self) -> None:
         while (peer := self.server.accept()) is not None:

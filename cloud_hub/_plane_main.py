@@ -19,6 +19,8 @@ import signal
 import sys
 from collections.abc import Callable
 
+from shared import TandemError
+
 from ._plane_roles import run_executor, run_http_ingress, run_mqtt_ingress
 from ._plane_spec import ENV, PlaneSpec
 
@@ -64,6 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     role, index = args[0], int(args[1])
     try:
         _ROLES[role](spec, index, _ready_signal())
+    except TandemError as e:  # expected (a model that does not load, a bad setting): one line
+        log.error("hub %s process %d: %s", role, index, e)
+        raise SystemExit(1) from None
     except Exception:
         log.exception("hub %s process %d failed", role, index)
         raise SystemExit(1) from None

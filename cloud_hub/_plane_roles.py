@@ -44,6 +44,7 @@ from ._mqtt_front import MqttFront
 from ._plane_metrics import BookRecorder, PlaneMetrics
 from ._plane_spec import PlaneSpec
 from ._repository import ModelRepository
+from ._routes import RoutesFile
 
 __all__ = ["DRAIN_S", "run_executor", "run_http_ingress", "run_mqtt_ingress"]
 
@@ -70,6 +71,7 @@ def run_executor(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> None
         on_tick=dumper.tick,
     )
     _on_stop_signals(loop.stop)
+    signal.signal(signal.SIGUSR1, lambda *_: loop.retire())  # a newer version took over
     ready()
     try:
         loop.run()
@@ -109,7 +111,8 @@ def _mqtt_settings(spec: PlaneSpec) -> MqttSettings:
 
 def run_mqtt_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> None:
     ingress_id = f"mqtt-{index}-{os.getpid()}"
-    pool = ExecutorPool(spec.routes(), ingress_id=ingress_id, ring_bytes=spec.ring_bytes)
+    routes = _RoutesWatch(spec)
+    pool = ExecutorPool(routes.initial, ingress_id=ingress_id, ring_bytes=spec.ring_bytes)
     book = MetricsBook(f"ingress-mqtt-{index}")
     dumper = BookDumper(book, Path(spec.metrics_dir))
     recorder = _recorder(book, pool)
@@ -137,6 +140,7 @@ def run_mqtt_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
     try:
         while not stopping.is_set():
             pool.poll(0.25)
+            routes.apply(pool)
             dumper.tick()
         front.pause()  # no new requests; the ones in flight still get their replies
         deadline = time.monotonic() + DRAIN_S
@@ -151,8 +155,9 @@ def run_mqtt_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
 def run_http_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> None:
     from .http import HttpServer, ServedHub, create_app
 
+    routes = _RoutesWatch(spec)
     pool = ExecutorPool(
-        spec.routes(),
+        routes.initial,
         ingress_id=f"http-{index}-{os.getpid()}",
         ring_bytes=spec.ring_bytes,
         copy_replies=True,  # the response is encoded later, by the request's own task
@@ -178,7 +183,7 @@ def run_http_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
     _wait_for_executors(pool, len(spec.executors))
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(_serve_http(server, pool, dumper, ready))
+            runner.run(_serve_http(server, pool, dumper, routes, ready))
     finally:
         pool.close()
         dumper.close()
@@ -193,6 +198,19 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
+class _RoutesWatch:
+    """The routes the supervisor keeps in its file (the plan's until it writes one)."""
+
+    def __init__(self, spec: PlaneSpec) -> None:
+        self.file = RoutesFile(spec.routes_file) if spec.routes_file else None
+        self.initial = (self.file.read_if_changed() if self.file else None) or spec.routes()
+
+    def apply(self, pool: ExecutorPool) -> None:
+        routes = self.file.read_if_changed() if self.file else None
+        if routes is not None:
+            pool.update(routes)
+
+
 class _Sink:
     """``record`` into this process's book, ``render`` the whole hub's metrics."""
 
@@ -203,7 +221,11 @@ class _Sink:
 
 
 async def _serve_http(
-    server: object, pool: ExecutorPool, dumper: BookDumper, ready: Callable[[], None]
+    server: object,
+    pool: ExecutorPool,
+    dumper: BookDumper,
+    routes: _RoutesWatch,
+    ready: Callable[[], None],
 ) -> None:
     from .http import HttpServer
 
@@ -213,9 +235,15 @@ async def _serve_http(
         loop.add_signal_handler(sig, server.exit)
     readers: dict[ExecutorLink, int] = {}
 
+    def letting_go(link: ExecutorLink) -> None:  # before the pool closes it: descriptor reuse
+        if link in readers:
+            loop.remove_reader(readers.pop(link))
+
+    pool.on_link_closing = letting_go
+
     def read(link: ExecutorLink) -> None:
         pool.on_readable(link)
-        if not link.connected:  # closed: its descriptor number may be reused at once
+        if not link.connected and link in readers:  # closed: its number may be reused
             loop.remove_reader(readers.pop(link))
 
     async def keep_links() -> None:
@@ -231,6 +259,7 @@ async def _serve_http(
             for link in current:
                 if link.wants_write:
                     link.flush()
+            routes.apply(pool)
             dumper.tick()
             await asyncio.sleep(0.25)
 

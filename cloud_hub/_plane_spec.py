@@ -45,6 +45,7 @@ class PlaneSpec:
     hub_id: str
     repo: str
     metrics_dir: str
+    routes_file: str = ""  # where the supervisor keeps the routes once it runs
     executors: tuple[ExecutorSpec, ...]
     broker: str | None = None  # the URL as given, credentials included
     share_group: str | None = "hubs"

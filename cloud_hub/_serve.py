@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING
 from shared import TlsSettings
 
 if TYPE_CHECKING:
+    from ._model_pull import ModelPuller
     from ._plane_spec import PlaneSpec
 
 __all__ = [
@@ -74,6 +76,13 @@ class HubServeSettings:
     workers: int = field(default_factory=default_workers)  # MQTT ingress processes
     http_workers: int = 1  # HTTP ingress processes
     max_inflight_mib: int = 256  # request bodies held by the HTTP API at once, in all
+    repo_poll_s: float = 2.0  # how often new versions in the repository are looked for
+    cdn: str | None = None  # pull --models from this CDN into the repository
+    models: tuple[str, ...] = ()  # NAME or NAME@VERSION
+    trusted_keys: tuple[Path, ...] = ()  # the publisher's public keys
+    cdn_token: str | None = None
+    cdn_ca: Path | None = None
+    cdn_poll_s: float = 30.0  # how often the CDN is asked for new versions
     log_level: str = "info"
     log_format: str = "text"
 
@@ -89,8 +98,14 @@ def check_options(
     mqtt_client: str = "auto",
     device: str | None = None,
     max_inflight_mib: int = 256,
+    cdn: str | None = None,
+    models: tuple[str, ...] = (),
+    trusted_keys: tuple[Path, ...] = (),
 ) -> tuple[str, str] | None:
     """The first command-line mistake as ``(option, what to do)``, or None."""
+    problem = _check_cdn(cdn, models, trusted_keys)
+    if problem is not None:
+        return problem
     if log_level.lower() not in LOG_LEVELS:
         return "--log-level", f"use one of {', '.join(LOG_LEVELS)}"
     if not 0 <= http_port <= 65535:
@@ -117,6 +132,27 @@ def check_options(
     return None
 
 
+def _check_cdn(
+    cdn: str | None, models: tuple[str, ...], trusted_keys: tuple[Path, ...]
+) -> tuple[str, str] | None:
+    from ._model_pull import parse_model_ref
+
+    if cdn is None:
+        return ("--model", "--model needs --cdn to pull from") if models else None
+    if not cdn.startswith(("http://", "https://")):
+        return "--cdn", "use the CDN's http:// or https:// URL"
+    if not models:
+        return "--model", "name the models to pull from --cdn (NAME or NAME@VERSION)"
+    if not trusted_keys:
+        return "--trusted-key", "pulling from a CDN needs the publisher's public key"
+    for model in models:
+        try:
+            parse_model_ref(model)
+        except ValueError as e:
+            return "--model", str(e)
+    return None
+
+
 def https_settings(
     cert: Path | None, key: Path | None, client_ca: Path | None
 ) -> TlsSettings | None:
@@ -138,10 +174,53 @@ def serve(settings: HubServeSettings) -> None:
     MqttSettings.from_url(s.broker).with_tls(  # a bad URL is this command's error, not a child's
         ca_certs=s.mqtt_ca, certfile=s.mqtt_cert, keyfile=s.mqtt_key
     )
+    puller = _first_pull(s) if s.cdn else None
     supervisor = HubSupervisor(
-        plan(s), mqtt_workers=s.workers, http_workers=s.http_workers if s.http_port else 0
+        plan(s),
+        mqtt_workers=s.workers,
+        http_workers=s.http_workers if s.http_port else 0,
+        repo_poll_s=s.repo_poll_s,
+        device=s.device,
     )
-    supervisor.run_forever()
+    stop = threading.Event()
+    if puller is not None:  # new versions land in the repository; its watch swaps them in
+        threading.Thread(
+            target=_keep_pulling, args=(puller, s.cdn_poll_s, stop), name="hub-pull", daemon=True
+        ).start()
+    try:
+        supervisor.run_forever()
+    finally:
+        stop.set()
+
+
+def _first_pull(s: HubServeSettings) -> ModelPuller:
+    """Pull every model once; a model with no version to serve stops the command."""
+    from shared import PublicKey
+
+    from ._errors import RepositoryError
+    from ._model_pull import ModelPuller, parse_model_ref
+
+    assert s.cdn is not None
+    puller = ModelPuller(
+        s.cdn,
+        s.repo,
+        [parse_model_ref(m) for m in s.models],
+        [PublicKey.load(k) for k in s.trusted_keys],
+        read_token=s.cdn_token,
+        tls=TlsSettings.from_files(ca_certs=s.cdn_ca),
+    )
+    puller.pull()
+    missing = [m.name for m in puller.models if not puller.have(m.name)]
+    if missing:
+        raise RepositoryError(
+            f"no version of {', '.join(missing)} could be pulled from {s.cdn} (see the log)"
+        )
+    return puller
+
+
+def _keep_pulling(puller: ModelPuller, every_s: float, stop: threading.Event) -> None:
+    while not stop.wait(every_s):
+        puller.pull()
 
 
 def plan(s: HubServeSettings) -> PlaneSpec:

@@ -21,6 +21,17 @@ by the others (an executor's requests in flight: ``overloaded``, by their
 ingress) or left to the devices' deadlines (an ingress's): never answered
 with another request's outputs.
 
+New versions come in without a restart: every ``repo_poll_s`` the
+supervisor reads the repository (``plan_executors``: each model's served
+version is ``default_version`` or the highest version directory), starts the
+executors of a new version and waits until they have loaded and warmed the
+model; only then does it point the routes (``_routes``) at them, and the
+ingress processes move new requests over while the old version answers
+what it holds; the old executors retire (SIGUSR1) once no ingress uses them.
+A version that fails to load leaves the old one serving (it is not tried
+again until its directory changes). Copy a new version into place
+atomically (write it beside, then rename the directory).
+
 ``stop`` (SIGTERM or SIGINT to ``run_forever``) drains in reverse: the
 ingress processes first (they unsubscribe and wait for their requests in
 flight), then the executors (they answer what they still queue), each sent
@@ -47,10 +58,12 @@ from pathlib import Path
 from types import FrameType
 
 from ._errors import HubError
+from ._executor_pool import Route
 from ._metrics_book import BookDumper, MetricsBook
 from ._plane_main import READY_FD_ENV
 from ._plane_roles import DRAIN_S
-from ._plane_spec import ENV, PlaneSpec
+from ._plane_spec import ENV, ExecutorSpec, PlaneSpec, plan_executors
+from ._routes import RoutesFile, route_changes
 
 __all__ = ["RESTART_MAX_S", "RESTART_MIN_S", "Child", "HubSupervisor"]
 
@@ -76,6 +89,7 @@ class Child:
     restarts: int = 0
     backoff_s: float = RESTART_MIN_S
     due_at: float = 0.0  # when a dead child may be started again
+    retiring: bool = False  # an executor whose version was replaced: not restarted
 
     @property
     def name(self) -> str:
@@ -100,13 +114,26 @@ class HubSupervisor:
         mqtt_workers: int = 1,
         http_workers: int = 1,
         ready_timeout_s: float = 600.0,
+        repo_poll_s: float = 2.0,
+        device: str | None = None,
     ) -> None:
         if mqtt_workers < 0 or http_workers < 0:
             raise ValueError("worker counts must be >= 0")
-        self.metrics_dir = Path(tempfile.mkdtemp(prefix=f"tandem-hub-{spec.hub_id}-"))
+        self.run_dir = Path(tempfile.mkdtemp(prefix=f"tandem-hub-{spec.hub_id}-"))
+        self.metrics_dir = self.run_dir / "metrics"
+        self.metrics_dir.mkdir()
         self.spec = dataclasses.replace(
-            spec, metrics_dir=str(self.metrics_dir), parent_pid=os.getpid()
+            spec,
+            metrics_dir=str(self.metrics_dir),
+            routes_file=str(self.run_dir / "routes.json"),
+            parent_pid=os.getpid(),
         )
+        self.routes = dict(self.spec.routes())
+        self._routes_file = RoutesFile(self.spec.routes_file)
+        self.repo_poll_s = repo_poll_s
+        self.device = device
+        self._failed: dict[tuple[str, str], float] = {}  # (model, version) -> its dir's mtime
+        self._next_poll = 0.0
         self.ready_timeout_s = ready_timeout_s
         self.children = [Child("executor", i) for i in range(len(spec.executors))]
         if spec.broker is not None:
@@ -125,6 +152,7 @@ class HubSupervisor:
     def start(self) -> HubSupervisor:
         """Start every child in order, each waited for; raises ``HubError`` (after cleanup)."""
         try:
+            self._routes_file.write(self.routes)
             for role in ("executor", "mqtt", "http"):
                 for child in [c for c in self.children if c.role == role]:
                     self._spawn(child, wait=True)
@@ -147,10 +175,10 @@ class HubSupervisor:
         if self._watcher is not None and self._watcher is not threading.current_thread():
             self._watcher.join(2 * _WATCH_S + 1)
         for roles in (("mqtt", "http"), ("executor",)):
-            group = [c for c in self.children if c.role in roles]
+            group = [c for c in list(self.children) if c.role in roles]
             _terminate([c.process for c in group if c.alive], timeout_s)
         self._dumper.close()
-        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def run_forever(self) -> None:
         """Start, serve until SIGINT or SIGTERM (or ``request_stop``), then stop."""
@@ -215,8 +243,12 @@ class HubSupervisor:
     def _watch(self) -> None:
         while not self._stopping.wait(_WATCH_S):
             now = time.monotonic()
-            for child in self.children:
+            for child in list(self.children):
                 if child.alive or self._stopping.is_set():
+                    continue
+                if child.retiring:  # its version was replaced, and it has finished
+                    with self._lock:
+                        self.children.remove(child)
                     continue
                 if child.due_at == 0.0:  # just found dead
                     self._schedule_restart(child, now)
@@ -229,6 +261,80 @@ class HubSupervisor:
                         self._spawn(child, wait=False)
                     except OSError:
                         log.exception("cannot restart hub %s", child.name)
+
+            if self.repo_poll_s and now >= self._next_poll and not self._stopping.is_set():
+                self._next_poll = now + self.repo_poll_s
+                self._check_repository()
+
+    # -- versions -------------------------------------------------------------------------
+
+    def _check_repository(self) -> None:
+        try:
+            desired = plan_executors(self.spec.repo, self.spec.hub_id, device=self.device)
+        except (HubError, OSError) as e:  # a config being edited, a directory being copied
+            log.warning("repository %s not read this time: %s", self.spec.repo, e)
+            return
+        changes = route_changes(self.routes, desired)
+        for model, specs in changes.incoming.items():
+            stamp = _mtime(Path(self.spec.repo) / model / specs[0].version)
+            if self._failed.get((model, specs[0].version)) == stamp:
+                continue  # failed to load, and nothing changed since
+            if not self._swap_in(model, specs):
+                self._failed[(model, specs[0].version)] = stamp
+        for model in changes.gone:
+            log.info("model %s left the repository; its executors retire", model)
+            del self.routes[model]
+            self._routes_file.write(self.routes)
+            self._retire(model, keep=None)
+
+    def _swap_in(self, model: str, specs: list[ExecutorSpec]) -> bool:
+        """Start ``specs`` (one model's new version), then route to them; False if they fail."""
+        version = specs[0].version
+        old = self.routes.get(model)
+        first = len(self.spec.executors)
+        self.spec = dataclasses.replace(self.spec, executors=(*self.spec.executors, *specs))
+        fresh = [Child("executor", first + i) for i in range(len(specs))]
+        try:
+            for child in fresh:
+                self._spawn(child, wait=True)  # loaded and warmed up before any request
+        except HubError as e:
+            _terminate([c.process for c in fresh], 5.0)
+            self.book.inc("tandem_hub_version_load_failures", (model,))
+            self._dumper.close()
+            log.error(
+                "model %s version %s did not load (%s); %s",
+                model,
+                version,
+                e,
+                "it is not served" if old is None else f"version {old.version} keeps serving",
+            )
+            return False
+        with self._lock:
+            self.children += fresh
+        self.routes[model] = Route(version, tuple(s.address for s in specs))
+        self._routes_file.write(self.routes)
+        self.book.inc("tandem_hub_version_swaps", (model,))
+        self._dumper.close()
+        self._retire(model, keep=version)
+        log.info(
+            "model %s: version %s serves%s",
+            model,
+            version,
+            "" if old is None else f" (was {old.version})",
+        )
+        return True
+
+    def _retire(self, model: str, keep: str | None) -> None:
+        """SIGUSR1 to ``model``'s executors of versions other than ``keep``."""
+        for child in list(self.children):
+            if child.role != "executor" or child.retiring:
+                continue
+            spec = self.spec.executors[child.index]
+            if spec.model == model and spec.version != keep:
+                child.retiring = True
+                if child.alive and child.pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child.pid, signal.SIGUSR1)
 
     def _schedule_restart(self, child: Child, now: float) -> None:
         code = None if child.process is None else child.process.returncode
@@ -245,6 +351,13 @@ class HubSupervisor:
             lived,
             child.backoff_s,
         )
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _terminate(processes: list[subprocess.Popen[bytes] | None], timeout_s: float) -> None:

@@ -22,12 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from shared import (
     ApiKeyGuard,
+    HttpTimeouts,
     MqttSettings,
     PublicKey,
     SigningKey,
     TlsSettings,
     Topics,
     rate_limiter,
+    uvicorn_options,
 )
 
 from ._errors import CdnError
@@ -55,6 +57,8 @@ class CdnServeSettings:
     are also published there, retained. ``signer`` (needs ``mqtt``): the
     key that signs rollout assignments; it turns on the rollout controller.
     ``tls``: serve HTTPS (``ca_certs`` set: clients need a certificate).
+    ``http_timeouts``: how long a client may take over a request's headers
+    and body before it is answered 408 and dropped.
     ``redis_url``: API keys' rate limits shared with every replica through
     that Redis (None: per process). ``leader_lease_s``: the rollout leader's
     lease among replicas on one registry (None: no election, this server
@@ -74,6 +78,8 @@ class CdnServeSettings:
     signer: SigningKey | None = None
     log_level: str = "info"
     tls: TlsSettings | None = None
+    http_timeouts: HttpTimeouts = field(default_factory=HttpTimeouts)
+    trust_dir: Path | None = None  # the roots 'tandem keys root' writes, served to devices
     redis_url: str | None = None
     leader_lease_s: float | None = DEFAULT_LEASE_TTL_S
 
@@ -123,6 +129,7 @@ class CdnServer:
                 topics=s.topics,
                 api_keys=guard,
                 controller=None if self.service is None else self.service.controller,
+                trust_dir=s.trust_dir,
             )
         except BaseException:
             self.__exit__()
@@ -133,10 +140,24 @@ class CdnServer:
         """Serve HTTP(S) until SIGINT or SIGTERM."""
         import uvicorn
 
+        uvicorn.Server(self.uvicorn_config()).run()
+
+    def uvicorn_config(self) -> Any:
+        """The ``uvicorn.Config`` that ``run`` serves: address, TLS, log level, deadlines."""
+        import uvicorn
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
         if self.app is None:
             raise CdnError("enter the CdnServer (with ...) before running it")
         s = self.settings
-        uvicorn.run(self.app, host=s.host, port=s.port, log_level=s.log_level, **_ssl(s.tls))
+        return uvicorn.Config(
+            self.app,
+            host=s.host,
+            port=s.port,
+            log_level=s.log_level,
+            **_ssl(s.tls),
+            **uvicorn_options(H11Protocol, s.http_timeouts),
+        )
 
     def __exit__(self, *exc: object) -> None:
         service, self.service = self.service, None

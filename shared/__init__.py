@@ -42,9 +42,17 @@ from ._errors import (
     SignatureError,
     TandemError,
     TensorError,
+    UnsupportedMediaTypeError,
     UnsupportedVersionError,
 )
 from ._fleet_report import DeviceReport
+from ._http_guards import (
+    BINARY_MEDIA_TYPE,
+    JSON_MEDIA_TYPE,
+    HttpTimeouts,
+    body_media_type,
+    uvicorn_options,
+)
 from ._limits import MAX_BLOB_BYTES, MAX_DOCUMENT_BYTES, Limits
 from ._logging import configure_logging, quiet_loggers
 from ._manifest import (
@@ -62,9 +70,17 @@ from ._manifest import (
     verify_assignment,
     verify_manifest,
 )
-from ._mqtt import MqttSettings, TlsSettings, create_client, publish_properties, resolve_protocol
+from ._mqtt import (
+    MqttSettings,
+    TlsSettings,
+    create_client,
+    device_client_id,
+    publish_properties,
+    resolve_protocol,
+)
 from ._mqtt_session import InboundMessage, MqttSession, PahoSession, PublishHandle
 from ._ratelimit import LocalRateLimiter, RateLimiter, RedisRateLimiter, rate_limiter
+from ._root import MAX_ROOT_ROTATIONS, ROLES, RoleKeys, RootMetadata, TrustedRoot, sign_root
 from ._signing import PublicKey, SigningKey, canonical_json, sign_document, verify_signed
 from ._status import UpdateState, UpdateStatus
 from ._tensor_spec import TensorSpec
@@ -82,15 +98,19 @@ from ._topics import NAME_PATTERN, RequestTopic, Topics, validate_name
 
 __all__ = [
     "API_KEY_SCOPES",
+    "BINARY_MEDIA_TYPE",
     "DATATYPES",
     "DIGEST_PATTERN",
     "FORMAT_MAJOR",
     "FORMAT_MINOR",
+    "JSON_MEDIA_TYPE",
     "MAGIC",
     "MAX_BLOB_BYTES",
     "MAX_DOCUMENT_BYTES",
+    "MAX_ROOT_ROTATIONS",
     "NAME_PATTERN",
     "ONNX_DATATYPES",
+    "ROLES",
     "SPEC_VERSION",
     "ApiKey",
     "ApiKeyError",
@@ -105,6 +125,7 @@ __all__ = [
     "ErrorCode",
     "ExpiredError",
     "FrameError",
+    "HttpTimeouts",
     "InboundMessage",
     "InvalidApiKeyError",
     "LimitExceededError",
@@ -124,6 +145,8 @@ __all__ = [
     "RedisRateLimiter",
     "ReplyTiming",
     "RequestTopic",
+    "RoleKeys",
+    "RootMetadata",
     "ScopeError",
     "SignatureError",
     "SigningKey",
@@ -135,10 +158,13 @@ __all__ = [
     "TokenBucket",
     "Topics",
     "TransferOptions",
+    "TrustedRoot",
+    "UnsupportedMediaTypeError",
     "UnsupportedVersionError",
     "UpdateState",
     "UpdateStatus",
     "apply_delta",
+    "body_media_type",
     "canonical_json",
     "claimed_version",
     "compress_blob",
@@ -150,6 +176,7 @@ __all__ = [
     "decode_sample",
     "decode_tensors",
     "decompress_blob",
+    "device_client_id",
     "digest",
     "encode_message",
     "encode_sample",
@@ -168,6 +195,8 @@ __all__ = [
     "resolve_protocol",
     "shape_compatible",
     "sign_document",
+    "sign_root",
+    "uvicorn_options",
     "validate_name",
     "verify_assignment",
     "verify_manifest",

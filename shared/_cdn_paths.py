@@ -60,6 +60,7 @@ class CdnPaths:
         "rollouts": "/v1/rollouts",
         "rollout": "/v1/rollouts/{rollout_id}",
         "rollout_command": "/v1/rollouts/{rollout_id}/{command}",
+        "root": "/v1/roots/{version}.root.json",
     }
 
     def __post_init__(self) -> None:
@@ -99,6 +100,10 @@ class CdnPaths:
             f"{self.base}/v1/devices/{validate_name(device, 'device id')}"
             f"/assignments/{validate_name(model, 'model name')}"
         )
+
+    def root(self, version: int) -> str:
+        """Root metadata ``version`` (``shared.RootMetadata``), as devices walk the chain."""
+        return f"{self.base}/v1/roots/{_version(version)}.root.json"
 
     def rollouts(self) -> str:
         return f"{self.base}/v1/rollouts"

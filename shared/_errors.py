@@ -9,9 +9,10 @@ Exception tree::
     │   ├── LimitExceededError       a declared or actual size above a configured limit
     │   ├── TensorError              a tensor that cannot be encoded or decoded
     │   │                            (unknown datatype, shape/size mismatch)
-    │   └── ManifestError            a model manifest or signed document that is invalid
-    │       ├── SignatureError       unsigned, signed by an untrusted key, or tampered
-    │       └── ExpiredError         past its expiry (a freeze attack, or just stale)
+    │   ├── ManifestError            a model manifest or signed document that is invalid
+    │   │   ├── SignatureError       unsigned, signed by an untrusted key, or tampered
+    │   │   └── ExpiredError         past its expiry (a freeze attack, or just stale)
+    │   └── UnsupportedMediaTypeError  an HTTP body's Content-Type a route does not take (415)
     ├── ConfigError (ValueError)     a setting that cannot work (bad URL, bad option)
     └── ApiKeyError                  an HTTP request's API key refused
         ├── InvalidApiKeyError       malformed, unknown, wrong secret or revoked  -> 401
@@ -47,6 +48,7 @@ __all__ = [
     "SignatureError",
     "TandemError",
     "TensorError",
+    "UnsupportedMediaTypeError",
     "UnsupportedVersionError",
 ]
 
@@ -85,6 +87,10 @@ class SignatureError(ManifestError):
 
 class ExpiredError(ManifestError):
     """A signed document past its expiry time."""
+
+
+class UnsupportedMediaTypeError(ProtocolError):
+    """An HTTP request body whose ``Content-Type`` the route does not take (answered 415)."""
 
 
 class ConfigError(TandemError, ValueError):

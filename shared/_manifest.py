@@ -17,8 +17,10 @@ A **manifest** describes one published model version; it travels signed
      "published_at": "2026-11-30T09:00:00Z", "expires_at": "2027-11-30T09:00:00Z"}
 
 An **assignment** tells one device which version to run; it is signed by the
-same publisher key, so a rollback to a lower version is something only the
-publisher can order::
+assigner role's keys (``_root``: the online key of the rollout server; with
+keys pinned the old way, the same publisher key), so a rollback to a lower
+version is something only they can order, and a model only the publisher
+role can vouch for::
 
     {"type": "assignment", "spec_version": "1.0", "device": "cam-7", "model": "mnist",
      "version": 2, "rollback": true, "rollout": "r-12",
@@ -527,9 +529,11 @@ def verify_manifest(
     trusted: Mapping[str, PublicKey] | list[PublicKey],
     *,
     now: datetime | None = None,
+    threshold: int = 1,
 ) -> ModelManifest:
-    """A manifest whose signature a trusted key made and that has not expired."""
-    manifest = ModelManifest.from_dict(verify_signed(_load(raw), trusted))
+    """A manifest that ``threshold`` distinct trusted keys signed and that has not expired
+    (``shared.TrustedRoot.verify_manifest`` passes the publisher role's keys)."""
+    manifest = ModelManifest.from_dict(verify_signed(_load(raw), trusted, threshold=threshold))
     if manifest.expired(now):
         raise ExpiredError(
             f"manifest {manifest.name}@{manifest.version} expired at {manifest.expires_at}"
@@ -542,8 +546,11 @@ def verify_assignment(
     trusted: Mapping[str, PublicKey] | list[PublicKey],
     *,
     now: datetime | None = None,
+    threshold: int = 1,
 ) -> Assignment:
-    assignment = Assignment.from_dict(verify_signed(_load(raw), trusted))
+    """An assignment that ``threshold`` distinct trusted keys signed and that has not expired
+    (``shared.TrustedRoot.verify_assignment`` passes the assigner role's keys)."""
+    assignment = Assignment.from_dict(verify_signed(_load(raw), trusted, threshold=threshold))
     if assignment.expired(now):
         raise ExpiredError(f"assignment for {assignment.device} expired at {assignment.expires_at}")
     return assignment

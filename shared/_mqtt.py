@@ -10,6 +10,14 @@ HTTP servers and the device's CDN client; ``TlsSettings.from_files`` and
 ``MqttSettings.with_tls`` turn the commands' ``--…-ca/--…-cert/--…-key``
 options into settings, checked once for all of them.
 
+**Client ids.** A device holds one MQTT connection (agent, updater and
+telemetry share it) whose client id is its device id, which is also its
+MQTT username: ``device_client_id(device)``. The broker configuration that
+``tandem fleet provision --dynsec-file`` writes binds each device's
+credentials to that id, so no other device can connect under it and have
+the broker disconnect the owner (a client-id takeover). Services (hubs, the
+CDN) use ids starting with ``tandem-``, which no device id may.
+
 paho-mqtt is imported inside the functions, so the codec half of ``shared``
 works without it.
 """
@@ -29,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote, unquote, urlsplit
 
 from ._errors import ConfigError
+from ._topics import validate_name
 
 if TYPE_CHECKING:
     import paho.mqtt.client as paho
@@ -38,11 +47,17 @@ __all__ = [
     "MqttSettings",
     "TlsSettings",
     "create_client",
+    "device_client_id",
     "publish_properties",
     "resolve_protocol",
 ]
 
 Protocol = Literal["auto", "5", "3.1.1"]
+
+
+def device_client_id(device_id: str) -> str:
+    """The MQTT client id of a device's one connection: its device id (= its username)."""
+    return validate_name(device_id, "device id")
 
 
 @dataclass(frozen=True, kw_only=True)

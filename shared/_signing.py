@@ -5,8 +5,10 @@ The bytes signed are the canonical JSON of ``signed``: keys sorted, no
 insignificant whitespace, UTF-8, no NaN. ``keyid`` is the SHA-256 of the raw
 32-byte public key, hex. ``verify_signed`` accepts a document only when at
 least ``threshold`` distinct trusted keys signed exactly these canonical
-bytes; an unknown key's signature neither counts nor fails the document
-(keys rotate). ``cryptography`` is imported on first use.
+bytes (two signatures by one key count once); an unknown key's signature
+neither counts nor fails the document (keys rotate). Which keys are trusted
+for which document, and how many must sign, is the root's to say (``_root``).
+``cryptography`` is imported on first use.
 """
 
 from __future__ import annotations
@@ -168,7 +170,13 @@ def verify_signed(
             continue
         if key.verify(raw_sig, data):
             good.add(key.keyid)
+    if threshold < 1:
+        raise ManifestError(f"a threshold is at least 1, got {threshold}")
     if len(good) < threshold:
+        if good:
+            raise SignatureError(
+                f"signed by {len(good)} trusted key(s); the threshold is {threshold}"
+            )
         known = any(isinstance(e, dict) and e.get("keyid") in trusted for e in signatures)
         raise SignatureError(
             "signature does not match the document (tampered?)"

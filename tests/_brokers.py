@@ -1,12 +1,14 @@
 """Real MQTT brokers for tests: a Mosquitto of our own on a free port.
 
 A broker may also require credentials (``password_file``, see
-``write_password_file``) and speak TLS only (``tls``: a ``BrokerTls`` of PEM
-paths); its ``url`` then reads ``mqtts://``.
+``write_password_file``, or ``dynsec_file``: the dynamic-security plugin's
+state, found by ``dynsec_plugin``) and speak TLS only (``tls``: a
+``BrokerTls`` of PEM paths); its ``url`` then reads ``mqtts://``.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import socket
@@ -21,6 +23,7 @@ from model_cdn._mqtt_acl import mosquitto_password_hash
 __all__ = [
     "BrokerTls",
     "MosquittoProcess",
+    "dynsec_plugin",
     "free_port",
     "mosquitto_password_hash",
     "wait_for_port",
@@ -32,6 +35,16 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def dynsec_plugin() -> Path | None:
+    """Mosquitto's dynamic-security plugin where the distribution installs it, or None."""
+    named = os.environ.get("TANDEM_MOSQUITTO_DYNSEC")
+    candidates = [named] if named else []
+    for lib in ("/usr/lib", "/usr/local/lib", "/opt/homebrew/lib"):
+        candidates += sorted(glob.glob(f"{lib}/*/mosquitto_dynamic_security.so"))
+        candidates.append(f"{lib}/mosquitto_dynamic_security.so")
+    return next((Path(c) for c in candidates if c and Path(c).is_file()), None)
 
 
 def wait_for_port(port: int, timeout_s: float = 10.0) -> None:
@@ -99,6 +112,7 @@ class MosquittoProcess:
         extra_config: str = "",
         password_file: Path | None = None,
         tls: BrokerTls | None = None,
+        dynsec_file: Path | None = None,
     ) -> None:
         exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         if not Path(exe).exists():
@@ -114,9 +128,15 @@ class MosquittoProcess:
             listener += f"cafile {tls.cafile}\ncertfile {tls.certfile}\nkeyfile {tls.keyfile}\n"
         if password_file is not None:
             auth = f"allow_anonymous false\npassword_file {password_file}\n"
+        elif dynsec_file is not None:
+            plugin = dynsec_plugin()
+            if plugin is None:
+                raise RuntimeError("Mosquitto's dynamic-security plugin is not installed")
+            auth = f"allow_anonymous false\nplugin {plugin}\nplugin_opt_config_file {dynsec_file}\n"
         else:
             auth = "allow_anonymous true\n"
-        if (tls is not None or password_file is not None) and os.geteuid() == 0:
+        secured = password_file is not None or dynsec_file is not None
+        if (tls is not None or secured) and os.geteuid() == 0:
             # Run as root, Mosquitto drops to the "mosquitto" user before it reads
             # the password file, which then cannot see into pytest's 0700 tmp dirs.
             auth += "user root\n"

@@ -74,6 +74,7 @@ class Requester:
 
     broker_url: str
     prefix: str = "tandem/v1"
+    model: str = "linear"
     device: str = field(default_factory=lambda: f"dev-{uuid.uuid4().hex[:6]}")
     replies: dict[str, Message] = field(default_factory=dict)
     sent: dict[str, np.ndarray] = field(default_factory=dict)
@@ -100,7 +101,7 @@ class Requester:
             Message(
                 kind="request",
                 request_id=request_id,
-                model="linear",
+                model=self.model,
                 reply_to=self.topics.reply(self.device),
                 device_id=self.device,
                 timeout_ms=timeout_ms,
@@ -109,7 +110,7 @@ class Requester:
         )
         with self._lock:
             self.sent[request_id] = x
-        self._client.publish(self.topics.infer("linear"), frame, qos=1)
+        self._client.publish(self.topics.device_infer(self.device, self.model), frame, qos=1)
         return request_id
 
     def _on_message(self, _c: object, _u: object, message: paho.MQTTMessage) -> None:

@@ -163,6 +163,8 @@ def test_a_blob_is_served_whole_with_cache_headers(cdn: Cdn) -> None:
         ("bytes=10000-99999", 10000, 10240),  # last byte past the end: clamped
         ("bytes=-99999", 0, 10240),  # suffix longer than the blob: all of it
         ("bytes=7-7", 7, 8),
+        ("bytes=0-" + "9" * 30, 0, 10240),  # a last byte of any length: clamped
+        ("bytes=-" + "9" * 30, 0, 10240),  # a suffix of any length: all of it
     ],
 )
 def test_a_range_gets_206_and_exactly_those_bytes(
@@ -177,7 +179,16 @@ def test_a_range_gets_206_and_exactly_those_bytes(
     assert response.headers["etag"] == f'"{BLOB_DIGEST}"'
 
 
-@pytest.mark.parametrize("header", ["bytes=10240-", "bytes=99999-100000", "bytes=-0"])
+@pytest.mark.parametrize(
+    "header",
+    [
+        "bytes=10240-",
+        "bytes=99999-100000",
+        "bytes=-0",
+        "bytes=" + "9" * 30 + "-",
+        "bytes=1" + "0" * 19 + "-",
+    ],
+)
 def test_an_unsatisfiable_range_is_416(cdn: Cdn, header: str) -> None:
     publish(cdn, 1)
     response = cdn.client.get(f"/v1/blobs/{BLOB_DIGEST}", headers={"Range": header})
@@ -379,6 +390,43 @@ def test_a_body_that_is_not_json_is_400(cdn: Cdn) -> None:
         response = cdn.client.post("/v1/models/mnist/versions", content=body, headers=AUTH)
         assert response.status_code == 400, body
         assert response.json()["error"]
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"],
+)
+def test_a_cross_site_simple_body_is_refused_with_415_before_it_is_read(
+    cdn: Cdn, content_type: str
+) -> None:
+    # Bodies a web page may post to another site without a CORS preflight.
+    headers = {**AUTH, "Content-Type": content_type}
+    doc = json.dumps(make_manifest_doc(KEY, "mnist", 1, BLOB)).encode()
+    r = cdn.client.post("/v1/models/mnist/versions", content=doc, headers=headers)
+    assert r.status_code == 415 and "Content-Type" in r.json()["error"], r.text
+    r = cdn.client.put(f"/v1/blobs/{BLOB_DIGEST}", content=BLOB, headers=headers)
+    assert r.status_code == 415, r.text
+    assignment = json.dumps(make_assignment_doc(KEY, "cam-1", "mnist", 1)).encode()
+    r = cdn.client.put("/v1/devices/cam-1/assignments/mnist", content=assignment, headers=headers)
+    assert r.status_code == 415, r.text
+    assert cdn.client.get("/v1/models").json() == {"models": []}
+    assert cdn.client.head(f"/v1/blobs/{BLOB_DIGEST}").status_code == 404
+    publish(cdn, 1)  # the same documents with their own types are taken
+
+
+def test_a_blob_sent_as_json_or_a_document_as_bytes_is_415(cdn: Cdn) -> None:
+    r = cdn.client.put(
+        f"/v1/blobs/{BLOB_DIGEST}",
+        content=BLOB,
+        headers={**AUTH, "Content-Type": "application/json"},
+    )
+    assert r.status_code == 415, r.text
+    r = cdn.client.post(
+        "/v1/models/mnist/versions",
+        content=json.dumps(make_manifest_doc(KEY, "mnist", 1, BLOB)).encode(),
+        headers={**AUTH, "Content-Type": "application/octet-stream"},
+    )
+    assert r.status_code == 415, r.text
 
 
 def test_a_deleted_version_is_gone_and_its_number_spent(cdn: Cdn) -> None:

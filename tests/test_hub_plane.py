@@ -199,3 +199,64 @@ def _fds(pid: int) -> int:
 def _memfd_maps(pid: int) -> int:
     maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
     return len({line.split()[4] for line in maps if "/memfd:tandem-ring" in line})  # inodes
+
+
+def _versioned_logits(x: np.ndarray, seed: int) -> np.ndarray:
+    from ._models import linear_classifier_weights
+
+    weight, bias = linear_classifier_weights(seed=seed)
+    return (x @ weight + bias).astype(np.float32)
+
+
+def _publish_version(repo: Path, version: int, *, seed: int, broken: bool = False) -> None:
+    """Copy a version in as an operator should: built beside, then renamed into place."""
+    from ._models import write_linear_classifier
+
+    staging = repo / f".staging-{version}"
+    if broken:
+        staging.mkdir()
+        (staging / "model.onnx").write_bytes(b"not an onnx model")
+    else:
+        write_linear_classifier(staging / "model.onnx", seed=seed)
+    staging.rename(repo / "linear" / str(version))
+
+
+def test_a_new_version_is_swapped_in_while_devices_stream_and_none_fails(
+    tmp_path: Path, mosquitto: MosquittoProcess
+) -> None:
+    repo = linear_repo(tmp_path / "repo")
+    rng = np.random.default_rng(5)
+    with running_hub(repo, mosquitto.url, mqtt=2) as hub:
+        requester = Requester(mosquitto.url, hub.spec.prefix)
+        try:
+            ids: list[str] = []
+
+            def seen(version: str) -> bool:
+                ids.extend(requester.send(_rows(rng)) for _ in range(5))
+                return any(r.model_version == version for r in list(requester.replies.values()))
+
+            wait_until(lambda: seen("1"), what="version 1 serving")
+            _publish_version(repo, 2, seed=7)
+            wait_until(lambda: seen("2"), what="version 2 swapped in")
+            _publish_version(repo, 3, seed=8, broken=True)  # fails to load: 2 keeps serving
+            failures = ("tandem_hub_version_load_failures", ("linear",))
+            wait_until(
+                lambda: hub.book.counters.get(failures, 0) >= 1 and not seen("3"),
+                what="version 3 failing to load while 2 serves",
+            )
+            for _ in range(20):
+                seen("2")
+            wait_until(lambda: requester.answered(ids) == len(ids), what="every reply")
+        finally:
+            requester.close()
+        replies = [requester.replies[i] for i in ids]
+        assert all(r.ok for r in replies), [r.error_message for r in replies if not r.ok][:3]
+        assert {r.model_version for r in replies} == {"1", "2"}
+        for request_id, reply in zip(ids, replies, strict=True):
+            seed = {"1": 0, "2": 7}[reply.model_version or ""]
+            want = _versioned_logits(requester.sent[request_id], seed)
+            np.testing.assert_allclose(reply.tensors["logits"], want, rtol=1e-5, atol=1e-5)
+        executors = [c for c in hub.children if c.role == "executor"]
+        wait_until(lambda: len([c for c in hub.children if c.role == "executor"]) == 1,
+                   what="version 1's executor retiring")  # fmt: skip
+        assert hub.routes["linear"].version == "2" and executors

@@ -117,3 +117,32 @@ def test_a_retained_request_is_never_answered(
             else topics.infer("linear")
         )
         attacker.client.publish(topic, b"", qos=1, retain=True).wait_for_publish(WAIT_S)
+
+
+def test_the_c_mqtt_client_sends_without_nagle(mosquitto: Any) -> None:
+    """awscrt leaves Nagle on; a reply written alone then waited for a delayed ACK (40 ms)."""
+    import os
+    import socket
+
+    from cloud_hub._crt_session import CrtSession
+
+    settings = MqttSettings.from_url(mosquitto.url)
+    session = CrtSession(settings, f"nagle-{uuid.uuid4().hex[:6]}")
+    try:
+        assert session.start(wait_s=10)
+        flags = []
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                dup = socket.fromfd(int(name), socket.AF_INET, socket.SOCK_STREAM)
+            except OSError:
+                continue
+            with dup:
+                try:
+                    peer = dup.getpeername()
+                except OSError:
+                    continue
+                if peer[1] == settings.port:
+                    flags.append(dup.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        assert flags and all(flags), flags
+    finally:
+        session.stop(timeout_s=2)

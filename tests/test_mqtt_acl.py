@@ -1,12 +1,18 @@
 """Per-device credentials and topic ACLs (``tandem fleet provision``), against a real Mosquitto.
 
-The broker starts from exactly the files the command wrote. Each attack test
-first shows that delivery works (a positive control), then that the staged
-message never arrives within a bounded wait.
+Every broker test runs twice: on a Mosquitto started from exactly the
+dynamic-security file the command wrote (``--dynsec-file``), and on one
+started from its plain password and ACL files (the fallback). Each attack
+test first shows that delivery works (a positive control), then that the
+staged message never arrives within a bounded wait, or that the broker
+refused the connection or subscription. What the plain files cannot stop is
+an expected failure there (strict: it must keep failing), and passes on the
+plugin; what Mosquitto 2.0 stops with neither is an expected failure in both.
 """
 
 from __future__ import annotations
 
+import json
 import queue
 import signal
 import stat
@@ -34,7 +40,7 @@ from model_cdn._mqtt_acl import (
 )
 from shared import ConfigError
 
-from ._brokers import MosquittoProcess
+from ._brokers import MosquittoProcess, dynsec_plugin
 from ._cli import tandem_env
 
 P = "tandem/v1"
@@ -55,16 +61,24 @@ def tandem(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def provision(cwd: Path, *users: str) -> dict[str, str]:
+PLAIN_FILES = ("--passwd-file", "passwd", "--acl-file", "acl")
+DYNSEC_FILE = ("--dynsec-file", "dynsec.json")
+MODES = {"dynsec": DYNSEC_FILE, "acl_file": PLAIN_FILES}
+PLAIN_FILES_CANNOT = (
+    "Mosquitto's acl_file checks neither SUBSCRIBE nor client ids (docs/mqtt-security.md)"
+)
+
+
+def provision(
+    cwd: Path, *users: str, mode: str = "acl_file", extra: tuple[str, ...] = ()
+) -> dict[str, str]:
     out = cwd / "new-passwords.txt"
     result = tandem(
         "fleet",
         "provision",
         *users,
-        "--passwd-file",
-        "passwd",
-        "--acl-file",
-        "acl",
+        *MODES[mode],
+        *extra,
         "--password-out",
         str(out),
         cwd=cwd,
@@ -87,6 +101,7 @@ class Peer:
     connected: threading.Event = field(default_factory=threading.Event)
     subacks: dict[int, list[Any]] = field(default_factory=dict)
     suback_event: threading.Condition = field(default_factory=threading.Condition)
+    disconnected: threading.Event = field(default_factory=threading.Event)
 
     def subscribe(self, topic: str) -> bool:
         """Subscribe; whether the broker granted it (Mosquitto refuses some per the ACL)."""
@@ -120,10 +135,19 @@ def connect(broker_and_passwords: Any) -> Iterator[Any]:
     broker: MosquittoProcess = broker_and_passwords[0]
     peers: list[Peer] = []
 
-    def _connect(user: str | None, password: str | None, *, expect_ok: bool = True) -> Peer:
+    def _connect(
+        user: str | None,
+        password: str | None,
+        *,
+        expect_ok: bool = True,
+        client_id: str | None = None,
+    ) -> Peer:
+        if client_id is None:  # a device's id is its name (shared.device_client_id)
+            service = user in (None, "hub", "cdn")
+            client_id = f"tandem-{user}-{len(peers)}" if service else str(user)
         client = mqtt.Client(
             callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
-            client_id=f"{user}-{len(peers)}",
+            client_id=client_id,
             protocol=mqtt.MQTTv5,
         )
         peer = Peer(client)
@@ -142,8 +166,11 @@ def connect(broker_and_passwords: Any) -> Iterator[Any]:
                 peer.subacks[mid] = list(codes)
                 peer.suback_event.notify_all()
 
+        def on_disconnect(c: Any, u: Any, flags: Any, reason: Any, props: Any) -> None:
+            peer.disconnected.set()
+
         client.on_connect, client.on_message = on_connect, on_message
-        client.on_subscribe = on_subscribe
+        client.on_subscribe, client.on_disconnect = on_subscribe, on_disconnect
         peers.append(peer)
         client.connect("127.0.0.1", broker.port, keepalive=30)
         client.loop_start()
@@ -158,16 +185,37 @@ def connect(broker_and_passwords: Any) -> Iterator[Any]:
         peer.client.loop_stop()
 
 
-@pytest.fixture
-def broker_and_passwords(tmp_path: Path) -> Iterator[tuple[MosquittoProcess, dict[str, str]]]:
-    passwords = provision(tmp_path, "hub", "cdn", "dev-a", "dev-b")
-    broker = MosquittoProcess(
-        tmp_path, password_file=tmp_path / "passwd", extra_config=f"acl_file {tmp_path / 'acl'}\n"
+def start_broker(cwd: Path, mode: str) -> MosquittoProcess:
+    if mode == "dynsec":
+        return MosquittoProcess(cwd, dynsec_file=cwd / "dynsec.json").start()
+    return MosquittoProcess(
+        cwd, password_file=cwd / "passwd", extra_config=f"acl_file {cwd / 'acl'}\n"
     ).start()
+
+
+@pytest.fixture(params=list(MODES))
+def mode(request: pytest.FixtureRequest) -> str:
+    if request.param == "dynsec" and dynsec_plugin() is None:
+        pytest.skip("Mosquitto's dynamic-security plugin is not installed")
+    return str(request.param)
+
+
+@pytest.fixture
+def broker_and_passwords(
+    tmp_path: Path, mode: str
+) -> Iterator[tuple[MosquittoProcess, dict[str, str]]]:
+    passwords = provision(tmp_path, "hub", "cdn", "dev-a", "dev-b", mode=mode)
+    holder = [start_broker(tmp_path, mode)]
     try:
-        yield broker, passwords
+        yield holder[0], passwords
     finally:
-        broker.stop()
+        holder[0].stop()
+
+
+def plain_files_cannot(request: pytest.FixtureRequest, mode: str) -> None:
+    """Mark this run an expected failure on the plain files (strict: it must fail there)."""
+    if mode == "acl_file":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=PLAIN_FILES_CANNOT))
 
 
 @pytest.fixture
@@ -182,14 +230,17 @@ def test_device_request_reaches_hub_share_group_and_reply_and_assignment_reach_d
     connect: Any, pw: dict[str, str]
 ) -> None:
     hub = connect("hub", pw["hub"])
-    assert hub.subscribe(f"$share/hubs/{P}/infer/+")
+    assert hub.subscribe(f"$share/hubs/{P}/dev/+/infer/+")
+    assert hub.subscribe(f"$share/hubs/{P}/infer/+")  # the first layout, for the migration
     cdn = connect("cdn", pw["cdn"])
     assert cdn.subscribe(f"{P}/dev/+/status")
     a = connect("dev-a", pw["dev-a"])
     assert a.subscribe(f"{P}/dev/dev-a/reply")
 
-    a.publish(f"{P}/infer/mnist", b"request")
-    hub.expect(f"{P}/infer/mnist", b"request")
+    a.publish(f"{P}/dev/dev-a/infer/mnist", b"request")
+    hub.expect(f"{P}/dev/dev-a/infer/mnist", b"request")
+    a.publish(f"{P}/infer/mnist", b"old request")  # provisioned --legacy-topics (the default)
+    hub.expect(f"{P}/infer/mnist", b"old request")
     hub.publish(f"{P}/dev/dev-a/reply", b"reply")
     a.expect(f"{P}/dev/dev-a/reply", b"reply")
 
@@ -202,9 +253,9 @@ def test_device_request_reaches_hub_share_group_and_reply_and_assignment_reach_d
 
 def test_plain_hub_subscription_also_works(connect: Any, pw: dict[str, str]) -> None:
     hub = connect("hub", pw["hub"])
-    assert hub.subscribe(f"{P}/infer/+")
-    connect("dev-b", pw["dev-b"]).publish(f"{P}/infer/m", b"request")
-    hub.expect(f"{P}/infer/m", b"request")
+    assert hub.subscribe(f"{P}/dev/+/infer/+")
+    connect("dev-b", pw["dev-b"]).publish(f"{P}/dev/dev-b/infer/m", b"request")
+    hub.expect(f"{P}/dev/dev-b/infer/m", b"request")
 
 
 # -- attacks by a device ----------------------------------------------------------------
@@ -248,37 +299,118 @@ def test_device_forging_an_assignment_reaches_no_one(connect: Any, pw: dict[str,
 
 def test_device_impersonating_a_hub_receives_no_requests(connect: Any, pw: dict[str, str]) -> None:
     hub = connect("hub", pw["hub"])
-    assert hub.subscribe(f"$share/hubs/{P}/infer/+")
+    assert hub.subscribe(f"$share/hubs/{P}/dev/+/infer/+")
     a = connect("dev-a", pw["dev-a"])
+    a.subscribe(f"{P}/dev/+/infer/+")  # refused by the plugin; delivered nothing by the files
     a.subscribe(f"{P}/infer/+")
-    a.subscribe(f"$share/other/{P}/infer/+")
+    a.subscribe(f"$share/other/{P}/dev/+/infer/+")
     b = connect("dev-b", pw["dev-b"])
     for i in range(3):
-        b.publish(f"{P}/infer/m", f"request {i}".encode())
+        b.publish(f"{P}/dev/dev-b/infer/m", f"request {i}".encode())
     for i in range(3):
-        hub.expect(f"{P}/infer/m", f"request {i}".encode())
+        hub.expect(f"{P}/dev/dev-b/infer/m", f"request {i}".encode())
     a.assert_nothing()
+
+
+def test_device_joining_the_hubs_share_group_is_refused_and_steals_no_requests(
+    connect: Any, pw: dict[str, str], mode: str, request: pytest.FixtureRequest
+) -> None:
+    # The plain files check reads at delivery, not at SUBSCRIBE: a device may join the
+    # hubs' share group, is picked in turn, and the denied delivery is dropped.
+    plain_files_cannot(request, mode)
+    hub = connect("hub", pw["hub"])
+    assert hub.subscribe(f"$share/hubs/{P}/dev/+/infer/+")
+    a = connect("dev-a", pw["dev-a"])
+    joined = a.subscribe(f"$share/hubs/{P}/dev/+/infer/+")
+    b = connect("dev-b", pw["dev-b"])
+    for i in range(6):
+        b.publish(f"{P}/dev/dev-b/infer/m", f"request {i}".encode())
+    for i in range(6):
+        hub.expect(f"{P}/dev/dev-b/infer/m", f"request {i}".encode())
+    a.assert_nothing()
+    assert not joined  # refused at SUBSCRIBE, not merely starved
+
+
+def test_client_id_takeover_is_refused_and_the_owner_keeps_its_connection(
+    connect: Any, pw: dict[str, str], mode: str, request: pytest.FixtureRequest
+) -> None:
+    # Mosquitto disconnects a connection when another connects with its client id; the
+    # plugin binds each device's id to its credentials, so only the owner may use it.
+    plain_files_cannot(request, mode)
+    hub = connect("hub", pw["hub"])
+    b = connect("dev-b", pw["dev-b"])
+    assert b.subscribe(f"{P}/dev/dev-b/reply")
+    for stolen in ("dev-b", "tandem-hub-0"):
+        rogue = connect("dev-a", pw["dev-a"], client_id=stolen, expect_ok=False)
+        assert rogue.connack.is_failure, f"dev-a connected as {stolen}"
+    hub.publish(f"{P}/dev/dev-b/reply", b"still yours")
+    b.expect(f"{P}/dev/dev-b/reply", b"still yours")
+    assert not b.disconnected.is_set()
+
+
+def test_device_publishing_on_another_devices_request_topic_is_refused(
+    connect: Any, pw: dict[str, str]
+) -> None:
+    hub = connect("hub", pw["hub"])
+    assert hub.subscribe(f"{P}/dev/+/infer/+")
+    a, b = connect("dev-a", pw["dev-a"]), connect("dev-b", pw["dev-b"])
+    a.publish(f"{P}/dev/dev-b/infer/m", b"forged request in b's name")
+    b.publish(f"{P}/dev/dev-b/infer/m", b"b's own request")
+    hub.expect(f"{P}/dev/dev-b/infer/m", b"b's own request")  # nothing forged came first
+    hub.assert_nothing()
+
+
+def test_first_layout_requests_are_refused_once_provisioned_without_legacy_topics(
+    tmp_path: Path, mode: str
+) -> None:
+    pw = provision(tmp_path, "hub", "dev-a", mode=mode, extra=("--no-legacy-topics",))
+    broker = start_broker(tmp_path, mode)
+    peers: list[mqtt.Client] = []
+    try:
+        got: queue.Queue[bytes] = queue.Queue()
+        for user in ("hub", "dev-a"):
+            client = mqtt.Client(
+                callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                client_id=f"tandem-{user}" if user == "hub" else user,
+                protocol=mqtt.MQTTv5,
+            )
+            client.username_pw_set(user, pw[user])
+            client.on_message = lambda c, u, msg: got.put(msg.payload)
+            client.connect("127.0.0.1", broker.port)
+            client.loop_start()
+            peers.append(client)
+        hub, a = peers
+        subscribed = threading.Event()
+        hub.on_subscribe = lambda *args: subscribed.set()
+        hub.subscribe([(f"{P}/infer/+", 1), (f"{P}/dev/+/infer/+", 1)])
+        assert subscribed.wait(WAIT_S)
+        a.publish(f"{P}/infer/m", b"forged old-layout request", qos=1).wait_for_publish(WAIT_S)
+        a.publish(f"{P}/dev/dev-a/infer/m", b"own", qos=1).wait_for_publish(WAIT_S)
+        assert got.get(timeout=WAIT_S) == b"own"
+        with pytest.raises(queue.Empty):
+            got.get(timeout=QUIET_S)
+    finally:
+        for client in peers:
+            client.disconnect()
+            client.loop_stop()
+        broker.stop()
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="Mosquitto's acl_file checks reads at delivery, not at SUBSCRIBE: a device may join "
-    "the hubs' share group, is picked in turn, and the denied delivery is dropped "
-    "(see docs/mqtt-security.md: use the dynamic-security plugin or a secret group name)",
+    reason="Mosquitto 2.0 can deny retain with neither configuration (the plugin's ACLs carry "
+    "no retain condition); hubs ignore retained requests, and EMQX can refuse them "
+    "(docs/mqtt-security.md)",
 )
-def test_device_joining_the_hubs_share_group_steals_no_requests(
-    connect: Any, pw: dict[str, str]
-) -> None:
-    hub = connect("hub", pw["hub"])
-    assert hub.subscribe(f"$share/hubs/{P}/infer/+")
+def test_retained_request_is_refused_by_the_broker(connect: Any, pw: dict[str, str]) -> None:
     a = connect("dev-a", pw["dev-a"])
-    a.subscribe(f"$share/hubs/{P}/infer/+")
-    b = connect("dev-b", pw["dev-b"])
-    for i in range(6):
-        b.publish(f"{P}/infer/m", f"request {i}".encode())
-    for i in range(6):
-        hub.expect(f"{P}/infer/m", f"request {i}".encode())
-    a.assert_nothing()
+    a.publish(f"{P}/dev/dev-a/infer/m", b"retained request", retain=True)
+    a.publish(f"{P}/dev/dev-a/infer/m", b"plain request")
+    hub = connect("hub", pw["hub"])  # starts (or reconnects) after the request was left
+    assert hub.subscribe(f"{P}/dev/+/infer/+")
+    a.publish(f"{P}/dev/dev-a/infer/m", b"later request")
+    got = hub.received.get(timeout=WAIT_S)
+    assert got[1] == b"later request", f"the broker kept and handed over {got}"
 
 
 def test_device_cannot_answer_for_the_hub(connect: Any, pw: dict[str, str]) -> None:
@@ -304,19 +436,21 @@ def test_connect_without_valid_credentials_is_refused(
 
 
 def test_reprovisioning_rotates_one_password_and_keeps_the_others(
-    tmp_path: Path, broker_and_passwords: Any, connect: Any, pw: dict[str, str]
+    tmp_path: Path, broker_and_passwords: Any, connect: Any, pw: dict[str, str], mode: str
 ) -> None:
     broker: MosquittoProcess = broker_and_passwords[0]
-    new = provision(tmp_path, "dev-a")
+    new = provision(tmp_path, "dev-a", mode=mode)
     assert set(new) == {"dev-a"} and new["dev-a"] != pw["dev-a"]
-    assert password_file_users((tmp_path / "passwd").read_text()) == [
-        "hub",
-        "cdn",
-        "dev-a",
-        "dev-b",
-    ]
-    assert broker.process is not None
-    broker.process.send_signal(signal.SIGHUP)  # what the operator does after provisioning
+    if mode == "acl_file":
+        users = password_file_users((tmp_path / "passwd").read_text())
+        assert users == ["hub", "cdn", "dev-a", "dev-b"]
+        assert broker.process is not None
+        broker.process.send_signal(signal.SIGHUP)  # what the operator does after provisioning
+    else:
+        clients = json.loads((tmp_path / "dynsec.json").read_text())["clients"]
+        assert sorted(c["username"] for c in clients) == ["cdn", "dev-a", "dev-b", "hub"]
+        broker.stop()  # the plugin reads its file at start only: the operator restarts
+        broker.start()
     deadline = time.monotonic() + WAIT_S
     while connect("dev-a", new["dev-a"], expect_ok=False).connack.is_failure:
         assert time.monotonic() < deadline, "the new password never worked"
@@ -369,7 +503,8 @@ def test_a_device_may_not_take_a_service_users_name() -> None:
 def test_acl_uses_the_prefix_and_user_names() -> None:
     acl = render_acl_file("acme/v2", hub_user="hubs", cdn_user="rollout")
     assert "pattern read acme/v2/dev/%u/reply\n" in acl
-    assert "user hubs\ntopic read acme/v2/infer/+\n" in acl
+    assert "user hubs\ntopic read acme/v2/dev/+/infer/+\n" in acl
+    assert "pattern write acme/v2/dev/%u/infer/+\n" in acl
     assert "user rollout\ntopic write acme/v2/dev/+/assign\n" in acl
     assert "tandem/v1" not in acl
 

@@ -53,6 +53,7 @@ def test_every_builder_matches_its_route_template() -> None:
         "rollouts": paths.rollouts(),
         "rollout": paths.rollout("r"),
         "rollout_command": paths.rollout_command("r", "abort"),
+        "root": paths.root(2),
     }
     assert set(built) == set(CdnPaths.ROUTES)
     values = {

@@ -17,7 +17,10 @@ binary sizes that do not add up, a bad header length), 404 unknown_model,
 413 too_large (the body, its JSON part or a tensor above the limits, or more
 rows than max_batch_size; the body's Content-Length is checked before
 reading, the streamed length while reading), 415 a Content-Encoding other
-than identity, 503 overloaded or not serving (with Retry-After), 504
+than identity, or a Content-Type other than JSON or application/octet-stream
+(none at all is taken: Triton's client sends none; ``shared._http_guards``
+says why text, form and multipart bodies are refused), 503 overloaded or not
+serving (with Retry-After), 504
 deadline_exceeded (Triton's request parameter ``timeout``, microseconds), 500
 only when the model itself failed or its outputs cannot be encoded. With
 ``api_keys``: 401, 403 and 429 (``_auth``).
@@ -56,14 +59,19 @@ from fastapi.responses import JSONResponse, Response
 from pydantic.json_schema import models_json_schema
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from shared import (
+    BINARY_MEDIA_TYPE,
+    JSON_MEDIA_TYPE,
     ApiKeyGuard,
     ErrorCode,
     LimitExceededError,
     Limits,
     ProtocolError,
     TensorError,
+    UnsupportedMediaTypeError,
+    body_media_type,
 )
 
 from .._backend import Backend, Outcome
@@ -118,6 +126,7 @@ SERVER_NAME = "tandem-hub"
 EXTENSIONS = ("binary_tensor_data",)
 _OFFLOAD_BYTES = 256 * 1024
 _RETRY_AFTER_S = "1"
+_INFER_MEDIA_TYPES = frozenset({JSON_MEDIA_TYPE, BINARY_MEDIA_TYPE})
 _STATUS = {
     ErrorCode.BAD_REQUEST: 400,
     ErrorCode.INVALID_INPUT: 400,
@@ -364,6 +373,7 @@ class _InferenceApi:
         received = time.monotonic()
         held = 0
         try:
+            body_media_type(request.headers.get("content-type"), _INFER_MEDIA_TYPES)
             declared = _declared_length(request, self.max_body_bytes)
             held = self.budget.take(declared or 0)
             body = await _read_body(request, self.max_body_bytes, declared)
@@ -530,8 +540,10 @@ def _check_outputs(info: ModelInfo, request: InferRequest) -> None:
 
 def _describe(error: Exception) -> tuple[int, ErrorCode, str]:
     """HTTP status, wire code and message for an infer failure."""
-    if isinstance(error, _UnsupportedEncodingError):
+    if isinstance(error, _UnsupportedEncodingError | UnsupportedMediaTypeError):
         return 415, ErrorCode.BAD_REQUEST, str(error)
+    if isinstance(error, ClientDisconnect):  # gone mid-body (or dropped as too slow)
+        return 400, ErrorCode.BAD_REQUEST, "the client went away before its body ended"
     code = error_code(error)
     if isinstance(error, HubError | ProtocolError):
         return _STATUS[code], code, str(error) or type(error).__name__

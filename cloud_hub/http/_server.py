@@ -14,6 +14,10 @@ With ``tls`` it serves HTTPS: ``certfile``/``keyfile`` are its certificate,
 and ``ca_certs``, when set, the CA that must have signed every client's
 certificate (mutual TLS; a client without one fails the handshake). The
 files are read in ``start``, so a bad one raises there, in the caller.
+
+``timeouts`` (``shared.HttpTimeouts``) bound how long a client may take to
+send a request's headers and body: a slow client is answered 408 and
+dropped instead of holding a connection for ever (``shared._http_guards``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from shared import HttpTimeouts, uvicorn_options
 
 from .._errors import HubError
 
@@ -51,6 +58,7 @@ class HttpServer:
         graceful_timeout_s: float = 5.0,
         tls: TlsSettings | None = None,
         reuse_port: bool = False,
+        timeouts: HttpTimeouts | None = None,
     ) -> None:
         if tls is not None and tls.certfile is None:
             raise HubError("HTTPS needs the server's certificate and key (tls.certfile)")
@@ -60,6 +68,7 @@ class HttpServer:
         self.port = port
         self.graceful_timeout_s = graceful_timeout_s
         self.reuse_port = reuse_port  # several processes on one port; the kernel spreads them
+        self.timeouts = timeouts or HttpTimeouts()
         self._server: uvicorn.Server | None = None
         self._socket: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -132,7 +141,7 @@ class HttpServer:
             log_level="warning",
             access_log=False,
             lifespan="off",
-            ws="none",
+            **uvicorn_options(H11Protocol, self.timeouts),  # header and body deadlines; ws="none"
             timeout_graceful_shutdown=max(1, round(self.graceful_timeout_s)),
             **self._ssl_options(),
         )

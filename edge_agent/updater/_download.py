@@ -134,6 +134,9 @@ class CdnClient:
         """The signed manifest of ``model@version`` (the latest when ``version`` is None)."""
         return self.paths.manifest(model, version)
 
+    def root_url(self, version: int) -> str:
+        return self.paths.root(version)
+
     def assignment_url(self, device: str, model: str) -> str:
         return self.paths.assignment(device, model)
 

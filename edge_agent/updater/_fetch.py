@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared import (
     DeltaRef,
     ManifestError,
     ModelManifest,
-    PublicKey,
     apply_delta,
     decompress_blob,
     digest,
@@ -39,6 +37,7 @@ from .._errors import IntegrityError, StoreError, UpdateError
 from ._download import CdnClient, DownloadResult, discard_partial
 from ._stats import UpdaterStats
 from ._store import DeviceModelStore
+from ._trust import Trust
 
 __all__ = ["FetchedModel", "ModelFetcher"]
 
@@ -62,12 +61,12 @@ class ModelFetcher:
         store: DeviceModelStore,
         *,
         model: str,
-        trusted_keys: Sequence[PublicKey],
+        trusted_keys: Trust,
         stats: UpdaterStats,
         cancel: threading.Event,
     ) -> None:
         self.cdn, self.store, self.model = cdn, store, model
-        self.keys = list(trusted_keys)
+        self.keys = trusted_keys  # a root, rotated in place, or pinned keys
         self.stats = stats
         self.cancel = cancel
 

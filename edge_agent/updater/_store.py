@@ -40,7 +40,7 @@ import logging
 import os
 import secrets
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,6 @@ from shared import (
     MAX_DOCUMENT_BYTES,
     ConfigError,
     ModelManifest,
-    PublicKey,
     digest,
     validate_name,
 )
@@ -58,7 +57,7 @@ from shared import (
 from .._errors import IntegrityError, StoreError, UpdateError
 from ..runtimes import ModelRuntime
 from ._smoke import load_checked_runtime
-from ._trust import TrustRecord, verify_installed_manifest
+from ._trust import Trust, TrustRecord, verify_installed_manifest
 
 __all__ = ["CurrentPointer", "DeviceModelStore", "InstalledModel", "LoadedModel"]
 
@@ -166,9 +165,7 @@ class DeviceModelStore:
     def has_version(self, model: str, version: int) -> bool:
         return self.version_dir(model, version).is_dir()
 
-    def installed(
-        self, model: str, version: int, trusted_keys: Sequence[PublicKey]
-    ) -> InstalledModel:
+    def installed(self, model: str, version: int, trusted_keys: Trust) -> InstalledModel:
         """The stored ``model@version``, re-verified; raises an ``UpdateError`` if broken."""
         vdir = self.version_dir(model, version)
         try:
@@ -191,7 +188,7 @@ class DeviceModelStore:
             raise IntegrityError(f"stored {model}@{version} does not match its verified digest")
         return InstalledModel(manifest, raw, path)
 
-    def load_current(self, model: str, trusted_keys: Sequence[PublicKey]) -> LoadedModel | None:
+    def load_current(self, model: str, trusted_keys: Trust) -> LoadedModel | None:
         """The current version re-verified and smoke-tested, else the previous, else None."""
         pointer = self.pointer(model)
         if pointer is None:

@@ -5,10 +5,15 @@ The python-tuf split: this module decides, ``_updater`` does the I/O and
 
 Invariants:
 
-- The publisher keys are pinned on the device (given at construction). A
-  document counts only when one of them signed its canonical form; an
-  unsigned document, one signed by any other key, or one altered after
-  signing is refused (``UntrustedUpdateError``).
+- The device trusts a root (``shared.TrustedRoot``, given at construction
+  and rotated by ``_updater`` from the CDN): an assignment counts only when
+  a threshold of the root's *assigner* keys signed it, a manifest only when
+  a threshold of its *publisher* keys did, so the online assigning key alone
+  cannot make the device install a model the publisher did not sign. An
+  unsigned document, one signed by other keys or too few, or one altered
+  after signing is refused (``UntrustedUpdateError``), as is every update
+  while the root in force has expired. Keys pinned the old way (a list of
+  ``PublicKey``) are a root of version 0 in which they hold every role.
 - An assignment is accepted only when it is unexpired, names this device and
   this model, and either its version is at least the highest version the
   device ever committed (``highest_accepted``) or it says ``rollback: true``
@@ -23,8 +28,10 @@ Invariants:
   update is committed (``after_commit``), never on mere receipt, so a failed
   install does not lock the device out of its running version.
 - A manifest stored beside an installed model is re-checked against the
-  pinned keys when the device restarts (``verify_installed_manifest``), but
-  not for expiry: a model that was valid when installed keeps serving.
+  publisher role when the device restarts (``verify_installed_manifest``),
+  but not for expiry: a model that was valid when installed keeps serving.
+  A publisher key removed from the root no longer vouches for it (keep the
+  old key in the role until the fleet runs a version the new one signed).
 """
 
 from __future__ import annotations
@@ -40,16 +47,27 @@ from shared import (
     ManifestError,
     ModelManifest,
     PublicKey,
+    TrustedRoot,
     parse_time,
     validate_name,
-    verify_assignment,
-    verify_manifest,
     verify_signed,
 )
 
 from .._errors import DowngradeError, UntrustedUpdateError
 
-__all__ = ["TrustRecord", "UpdateTrust", "verify_installed_manifest"]
+__all__ = ["Trust", "TrustRecord", "UpdateTrust", "as_root", "verify_installed_manifest"]
+
+Trust = Sequence[PublicKey] | TrustedRoot
+"""What a device trusts: a root, or publisher keys pinned the old way."""
+
+
+def as_root(trust: Trust) -> TrustedRoot:
+    """``trust`` as a root (pinned keys: root version 0, every role, threshold 1)."""
+    if isinstance(trust, TrustedRoot):
+        return trust
+    if not trust:
+        raise ValueError("pin at least one publisher key: a device trusting none updates never")
+    return TrustedRoot.pinned(trust)
 
 
 @dataclass(frozen=True)
@@ -74,19 +92,17 @@ class TrustRecord:
 
 
 class UpdateTrust:
-    """The pinned keys and the device's update history, and the checks they make."""
+    """The trusted root and the device's update history, and the checks they make."""
 
     def __init__(
         self,
-        trusted_keys: Sequence[PublicKey],
+        trusted_keys: Trust,
         *,
         device_id: str,
         model: str,
         record: TrustRecord | None = None,
     ) -> None:
-        if not trusted_keys:
-            raise ValueError("pin at least one publisher key: a device trusting none updates never")
-        self.keys = {key.keyid: key for key in trusted_keys}
+        self.root = as_root(trusted_keys)
         self.device_id = validate_name(device_id, "device id")
         self.model = validate_name(model, "model name")
         self.record = record or TrustRecord()
@@ -94,7 +110,8 @@ class UpdateTrust:
     def accept_assignment(self, raw: bytes | str, *, now: datetime | None = None) -> Assignment:
         """The assignment in ``raw`` if this device may act on it; else raise."""
         try:
-            assignment = verify_assignment(raw, self.keys, now=now)
+            self.root.check_fresh(now)
+            assignment = self.root.verify_assignment(raw, now=now)
         except ManifestError as e:  # SignatureError and ExpiredError included
             raise UntrustedUpdateError(f"assignment refused: {e}") from e
         if assignment.device != self.device_id:
@@ -127,7 +144,7 @@ class UpdateTrust:
     ) -> ModelManifest:
         """The manifest in ``raw`` if it is the signed, current one for ``assignment``."""
         try:
-            manifest = verify_manifest(raw, self.keys, now=now)
+            manifest = self.root.verify_manifest(raw, now=now)
         except ManifestError as e:
             raise UntrustedUpdateError(f"manifest refused: {e}") from e
         if manifest.name != assignment.model or manifest.version != assignment.version:
@@ -148,12 +165,19 @@ class UpdateTrust:
 
 
 def verify_installed_manifest(
-    raw: bytes | str, trusted_keys: Sequence[PublicKey], *, model: str, version: int
+    raw: bytes | str, trusted_keys: Trust, *, model: str, version: int
 ) -> ModelManifest:
-    """A stored manifest, re-checked against the pinned keys; expiry is not checked."""
+    """A stored manifest, re-checked against the publisher role; expiry is not checked."""
+    root = as_root(trusted_keys).root
     try:
         document = json.loads(raw)
-        manifest = ModelManifest.from_dict(verify_signed(document, list(trusted_keys)))
+        manifest = ModelManifest.from_dict(
+            verify_signed(
+                document,
+                root.role_keys("publisher"),
+                threshold=root.roles["publisher"].threshold,
+            )
+        )
     except (ValueError, RecursionError) as e:  # ManifestError is a ValueError
         raise UntrustedUpdateError(f"stored manifest of {model}@{version} refused: {e}") from e
     if manifest.name != model or manifest.version != version:

@@ -13,6 +13,14 @@ down or not configured. One worker thread runs one update at a time::
     swapping     ``agent.swap_model``: the next request runs the new model
     committing   flip ``current.json``, then report installed / rolled-back
 
+Trust: ``trusted_keys`` is a ``shared.TrustedRoot`` (assignments checked
+against its assigner role, manifests against its publisher role, with their
+thresholds) or, as devices were first provisioned, a list of pinned
+publisher keys (a root of version 0). Before each assignment the root is
+brought up to date from the CDN (``_roots``: ``/v1/roots/<n>.root.json``,
+each accepted only when the previous root's keys signed it), and roots
+accepted earlier are re-checked from the store at start.
+
 Invariants: the agent keeps serving its model throughout and after any
 failure (a failure after the swap swaps the old runtime back); every failure
 is reported as ``failed`` with a one-line reason; ``current.json`` moves only
@@ -31,7 +39,7 @@ import hashlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,7 +48,6 @@ from shared import (
     MAX_DOCUMENT_BYTES,
     Assignment,
     MqttSettings,
-    PublicKey,
     Topics,
     UpdateState,
     UpdateStatus,
@@ -56,10 +63,11 @@ from .._errors import DownloadError, UntrustedUpdateError, UpdateError
 from ..runtimes import ModelRuntime
 from ._download import CdnClient, DownloadSettings
 from ._fetch import ModelFetcher
+from ._roots import RootKeeper
 from ._smoke import load_checked_runtime
 from ._stats import UpdaterStats
 from ._store import CurrentPointer, DeviceModelStore
-from ._trust import UpdateTrust
+from ._trust import Trust, UpdateTrust
 
 __all__ = ["STEPS", "ModelUpdater"]
 
@@ -81,7 +89,7 @@ class ModelUpdater:
         model: str,
         device_id: str,
         cdn_url: str,
-        trusted_keys: Sequence[PublicKey],
+        trusted_keys: Trust,
         store_dir: str | Path,
         mqtt: MqttSettings | None = None,
         topics: Topics | None = None,
@@ -99,8 +107,9 @@ class ModelUpdater:
         self.mqtt = mqtt
         self.poll_interval_s = poll_interval_s
         self.stats = UpdaterStats()
-        self._keys = list(trusted_keys)
         self._cdn = CdnClient(cdn_url, read_token=read_token, settings=download)
+        self._roots = RootKeeper(trusted_keys, store_dir, self._cdn)
+        self._keys = self._roots.root  # one object: a rotation is seen by every check
         self._store = DeviceModelStore(store_dir)
         self._stopping = threading.Event()  # also cancels a download in progress
         self._fetcher = ModelFetcher(
@@ -133,11 +142,11 @@ class ModelUpdater:
     # -- public surface ----------------------------------------------------------------------
 
     @staticmethod
-    def bootstrap(
-        store_dir: str | Path, trusted_keys: Sequence[PublicKey], model: str
-    ) -> ModelRuntime | None:
-        """The runtime to start the agent with: the committed version, else the previous."""
-        loaded = DeviceModelStore(store_dir).load_current(model, list(trusted_keys))
+    def bootstrap(store_dir: str | Path, trusted_keys: Trust, model: str) -> ModelRuntime | None:
+        """The runtime to start the agent with: the committed version, else the previous
+        (their manifests checked against the root as the store last advanced it)."""
+        root = RootKeeper(trusted_keys, store_dir).root
+        loaded = DeviceModelStore(store_dir).load_current(model, root)
         return loaded.runtime if loaded is not None else None
 
     @property
@@ -259,6 +268,7 @@ class ModelUpdater:
                 if key in self._settled or (entry is not None and time.monotonic() < entry[1]):
                     return
             self.stats.assignments += 1
+            self._roots.refresh()  # a rotated root applies to this very assignment
             try:
                 assignment = self._trust.accept_assignment(raw)
             except UntrustedUpdateError as e:

@@ -5,13 +5,14 @@
 app's own that connects at the first assignment and closes with the app's
 lifespan; else none: assignments are stored only), installs the JSON error
 answers (``_errors``) and adds the routes of each group: health and metrics, models,
-blobs, assignments, rollouts and devices.
+blobs, assignments, rollouts and devices, and the root metadata devices walk.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
@@ -29,6 +30,7 @@ from ._errors import install_error_handlers
 from ._health import add_health_routes, new_metrics
 from ._models import add_model_routes
 from ._rollouts import add_rollout_routes
+from ._roots import add_root_routes
 
 if TYPE_CHECKING:
     from ..rollout._controller import RolloutController
@@ -49,6 +51,7 @@ def create_app(
     api_keys: ApiKeyGuard | None = None,
     controller: RolloutController | None = None,
     publisher: AssignmentPublisher | None = None,
+    trust_dir: Path | None = None,
 ) -> FastAPI:
     """The CDN app over ``registry`` and ``store``.
 
@@ -60,7 +63,9 @@ def create_app(
     only stops mistakes early). ``controller`` set turns on the rollout API;
     the caller starts and stops it. An assignment PUT is published, retained,
     through ``publisher``, else the controller's publisher, else (``mqtt``
-    set) a publisher of the app's own on the broker at ``mqtt``.
+    set) a publisher of the app's own on the broker at ``mqtt``. ``trust_dir``
+    (what ``tandem keys root`` writes) is served at ``/v1/roots/…`` for devices
+    to rotate their root of trust.
     """
     for what, token in (("admin", admin_token), ("read", read_token)):
         if token is not None and (not token or not token.isprintable() or " " in token):
@@ -88,6 +93,7 @@ def create_app(
     add_blob_routes(app, store, metrics, max_blob_bytes, guards)
     add_assignment_routes(app, registry, publisher, keys, guards)
     add_rollout_routes(app, controller, registry, guards)
+    add_root_routes(app, trust_dir, guards)
     return app
 
 

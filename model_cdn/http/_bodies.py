@@ -1,6 +1,9 @@
 """Reading what a request carries, bounded: bodies, signed JSON documents, version numbers.
 
-A body is refused with 413 as soon as it passes its limit: before reading
+A body of a media type the route does not take is refused with 415 before
+it is read (``shared.body_media_type``: JSON for documents,
+``application/octet-stream`` for blobs, or no ``Content-Type`` at all). A
+body is refused with 413 as soon as it passes its limit: before reading
 when ``Content-Length`` says so, while reading otherwise (a chunked body has
 no length to trust). A document is plain JSON (no ``NaN``/``Infinity``) and
 an object, at most ``shared.MAX_DOCUMENT_BYTES``.
@@ -15,11 +18,19 @@ from typing import Any
 
 from fastapi import Request
 
-from shared import MAX_DOCUMENT_BYTES
+from shared import (
+    BINARY_MEDIA_TYPE,
+    JSON_MEDIA_TYPE,
+    MAX_DOCUMENT_BYTES,
+    body_media_type,
+)
 
 from ._errors import HttpError
 
-__all__ = ["parse_version", "read_body", "read_json"]
+__all__ = ["BINARY", "JSON", "parse_version", "read_body", "read_json"]
+
+JSON = frozenset({JSON_MEDIA_TYPE})
+BINARY = frozenset({BINARY_MEDIA_TYPE})
 
 _VERSION = re.compile(r"[1-9][0-9]{0,17}")
 
@@ -32,12 +43,19 @@ def parse_version(text: str) -> int:
 
 
 async def read_body(
-    request: Request, limit: int, what: str, on_chunk: Callable[[bytes], object] | None = None
+    request: Request,
+    limit: int,
+    what: str,
+    on_chunk: Callable[[bytes], object] | None = None,
+    *,
+    media_types: frozenset[str] = BINARY,
 ) -> bytes:
-    """The request body, refused with 413 as soon as it passes ``limit`` bytes.
+    """The request body, refused with 415 unless of ``media_types``, with 413 as soon as it
+    passes ``limit`` bytes.
 
     ``on_chunk`` sees every chunk as it arrives (hashing then costs no second pass).
     """
+    body_media_type(request.headers.get("content-type"), media_types)  # 415 (``_errors``)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise HttpError(413, f"the {what} is {declared} bytes; the limit is {limit}")
@@ -57,7 +75,7 @@ def _no_constants(name: str) -> Any:
 
 async def read_json(request: Request) -> dict[str, Any]:
     """The body as a JSON object (a signed document, a rollout request), or 400/413."""
-    body = await read_body(request, MAX_DOCUMENT_BYTES, "document")
+    body = await read_body(request, MAX_DOCUMENT_BYTES, "document", media_types=JSON)
     try:
         doc = json.loads(body, parse_constant=_no_constants)
     except (ValueError, RecursionError) as e:

@@ -3,7 +3,9 @@
 Statuses: 400 bad input, 401 no or malformed credentials or an unknown or
 revoked API key, 403 wrong token or a key without the scope, 404 unknown,
 405 a method the path does not take, 409 version not above the latest or a
-rollout state or conflict, 413 too large, 416 bad range, 429 a key over its
+rollout state or conflict, 413 too large, 415 a body's Content-Type the
+route does not take (text, form, multipart: see ``shared._http_guards``),
+416 a range that starts past the end of the blob, 429 a key over its
 rate (with ``Retry-After``), 502 MQTT publish failed, 503 storage, registry
 or rollouts off.
 
@@ -23,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shared import ManifestError, TandemError
+from shared import ManifestError, TandemError, UnsupportedMediaTypeError
 
 from .._errors import (
     AssignmentNotPublishedError,
@@ -53,6 +55,7 @@ _STATUS: tuple[tuple[type[Exception], int], ...] = (
     (DocumentRejectedError, 400),
     (AssignmentNotPublishedError, 502),
     (AuthError, 403),
+    (UnsupportedMediaTypeError, 415),
     (ManifestError, 400),  # includes SignatureError and ExpiredError
     (ModelNotFoundError, 404),
     (BlobNotFoundError, 404),

@@ -7,8 +7,10 @@ Blobs never change, so the rules are short:
   -> ignore ``Range``: the whole blob, 200.
 - ``Range: bytes=a-b``, ``bytes=a-`` and ``bytes=-n`` (one range) -> 206;
   ``b`` past the end is clamped, ``-n`` longer than the blob is the whole blob.
-- A first byte at or past the end (``-0`` included, and every range of an
-  empty blob) -> 416 with ``Content-Range: bytes */size``.
+- A first byte at or past the end (``-0`` included, every range of an
+  empty blob, and a first byte of any number of digits: ``bytes=<huge>-``
+  is a valid range no blob can satisfy) -> 416 with ``Content-Range: bytes */size``.
+  A last byte or suffix of any length is clamped to the blob.
 - Anything else (another unit, several ranges, ``b < a``, junk) -> ignore
   ``Range``, 200, as RFC 9110 section 14.2 allows. Several ranges are ignored
   rather than answered as ``multipart/byteranges``: downloaders resume with
@@ -32,7 +34,8 @@ from .._errors import RangeNotSatisfiableError
 __all__ = ["ByteRange", "RangeNotSatisfiableError", "etag_matches", "plan_range"]
 
 _SPEC = re.compile(r"\s*([0-9]*)\s*-\s*([0-9]*)\s*")
-_MAX_DIGITS = 19  # a byte offset beyond int64 is junk, not a range
+_MAX_DIGITS = 19  # beyond int64: compared by length, never converted (no giant ints)
+_FAR = 10**_MAX_DIGITS  # stands for any offset of more digits: past every blob
 
 
 @dataclass(frozen=True)
@@ -73,15 +76,21 @@ def plan_range(
     if match is None:
         return None
     first, last = match.groups()
-    if len(first) > _MAX_DIGITS or len(last) > _MAX_DIGITS or not (first or last):
+    if not (first or last):
         return None
     if not first:  # a suffix: the last n bytes
-        start, end = max(size - int(last), 0), size
+        start, end = max(size - _offset(last), 0), size
     else:
-        start = int(first)
-        if last and int(last) < start:
+        start = _offset(first)
+        if last and _offset(last) < start:
             return None
-        end = min(int(last) + 1, size) if last else size
+        end = min(_offset(last) + 1, size) if last else size
     if start >= size:
         raise RangeNotSatisfiableError(size)
     return ByteRange(start, end)
+
+
+def _offset(digits: str) -> int:
+    """A byte offset; one of more than 19 digits is past every blob (``_FAR``)."""
+    digits = digits.lstrip("0") or "0"
+    return _FAR if len(digits) > _MAX_DIGITS else int(digits)

@@ -104,6 +104,16 @@ RolloutKeyOption = Annotated[
     ),
 ]
 LogLevelOption = Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")]
+TrustDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--trust-dir",
+        help="Directory of signed roots ('tandem keys root init', 'tandem keys rotate'), "
+        "served at /v1/roots/<n>.root.json for devices to rotate their keys.",
+        file_okay=False,
+        show_default=False,
+    ),
+]
 
 
 RedisOption = Annotated[
@@ -147,6 +157,7 @@ def cdn_serve(
     mqtt_ca: MqttCaOption = None,
     mqtt_cert: MqttCertOption = None,
     mqtt_key: MqttKeyOption = None,
+    trust_dir: TrustDirOption = None,
     redis: RedisOption = None,
     leader_lease_s: LeaderLeaseOption = 10.0,
 ) -> None:
@@ -187,6 +198,7 @@ def cdn_serve(
                 topics=Topics(prefix),
                 log_level=log_level,
                 tls=_https(tls_cert, tls_key, tls_client_ca),
+                trust_dir=trust_dir,
                 redis_url=redis,
                 leader_lease_s=leader_lease_s or None,
             )

@@ -4,8 +4,9 @@
 ``tandem rollout``) which devices reported telemetry, with their labels,
 models and health. ``simulate`` runs a fleet of simulated devices
 (``_fleet_simulate``). ``provision`` gives each named device (or the hub / CDN
-service user) a fresh random password in the Mosquitto password file,
-keeping every other user, and rewrites the ACL file. Passwords are shown
+service user) a fresh random password, keeping every other user, in the
+Mosquitto dynamic-security plugin's file (``--dynsec-file``: roles, bound
+client ids) or in the plain password and ACL files. Passwords are shown
 once: on stdout, or in ``--password-out`` (mode 0600). Failures are one line
 on stderr and exit 1 (the work failed) or 2 (the command line was wrong).
 """
@@ -52,23 +53,54 @@ def fleet_provision(
             show_default=False,
         ),
     ],
-    passwd_file: Annotated[
-        Path,
+    dynsec_file: Annotated[
+        Path | None,
         typer.Option(
-            "--passwd-file",
-            help="Mosquitto password_file: created, or merged into.",
+            "--dynsec-file",
+            help="Mosquitto dynamic-security plugin state (JSON): created, or merged into. "
+            "The stronger configuration: SUBSCRIBE checked, client ids bound.",
             show_default=False,
         ),
-    ],
+    ] = None,
+    passwd_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--passwd-file",
+            help="Mosquitto password_file (without the plugin): created, or merged into.",
+            show_default=False,
+        ),
+    ] = None,
     acl_file: Annotated[
-        Path,
-        typer.Option("--acl-file", help="Mosquitto acl_file: rewritten.", show_default=False),
-    ],
+        Path | None,
+        typer.Option(
+            "--acl-file",
+            help="Mosquitto acl_file (with --passwd-file): rewritten.",
+            show_default=False,
+        ),
+    ] = None,
     prefix: Annotated[str, typer.Option("--prefix", help="Topic prefix.")] = "tandem/v1",
     hub_user: Annotated[str, typer.Option("--hub-user", help="The hubs' MQTT username.")] = "hub",
     cdn_user: Annotated[
         str, typer.Option("--cdn-user", help="The CDN / rollout controller's MQTT username.")
     ] = "cdn",
+    share_group: Annotated[
+        str, typer.Option("--share-group", help="The hubs' shared-subscription group.")
+    ] = "hubs",
+    legacy_topics: Annotated[
+        bool,
+        typer.Option(
+            "--legacy-topics/--no-legacy-topics",
+            help="Also let devices publish requests on <prefix>/infer/<model> (the first "
+            "layout, for the migration release; turn off once every device uses its own topic).",
+        ),
+    ] = True,
+    bind_client_ids: Annotated[
+        bool,
+        typer.Option(
+            "--bind-client-ids/--no-bind-client-ids",
+            help="With --dynsec-file: each device may connect only with its id as client id.",
+        ),
+    ] = True,
     password_out: Annotated[
         Path | None,
         typer.Option(
@@ -78,51 +110,90 @@ def fleet_provision(
         ),
     ] = None,
 ) -> None:
-    """Give devices (new or existing) a fresh password and rewrite the topic ACL.
+    """Give devices (new or existing) a fresh password and rewrite the broker's access rules.
 
     A device named again gets a new password (rotation); users not named keep
-    theirs. Each device may publish requests, its own status and telemetry,
+    theirs. Each device may publish its own requests, status and telemetry,
     and read only its own replies and assignments. Provision the hub and CDN
     users by naming them like devices.
 
-    Example:
+    With the dynamic-security plugin (Mosquitto 2.0+), preferred:
+
+        tandem fleet provision hub cdn cam-01 cam-02 \\
+            --dynsec-file /etc/mosquitto/tandem-dynsec.json --password-out new-passwords.txt
+
+    The plugin reads its file at start: restart Mosquitto after provisioning.
+    Without the plugin, the plain files:
 
         tandem fleet provision hub cdn cam-01 cam-02 \\
             --passwd-file /etc/mosquitto/tandem.passwd \\
             --acl-file /etc/mosquitto/tandem.acl --password-out new-passwords.txt
 
-    Mosquitto reads both files at start; make it read them again with
-    'kill -HUP <mosquitto pid>' (or 'systemctl reload mosquitto'). Both files
-    must be readable by the user Mosquitto runs as: chown them once, ownership
-    is kept on later rewrites.
+    Mosquitto reads these again on 'kill -HUP <mosquitto pid>' (or
+    'systemctl reload mosquitto'). Every file must be readable by the user
+    Mosquitto runs as: chown it once, ownership is kept on later rewrites.
+    docs/mqtt-security.md lists what each configuration stops.
     """
     from model_cdn._mqtt_acl import provision_users, provisioning_acl
+    from model_cdn._mqtt_dynsec import provision_dynsec
     from shared import ConfigError
 
     command = "fleet provision"
+    plain = passwd_file is not None or acl_file is not None
+    if (dynsec_file is None) == (not plain) or (plain and None in (passwd_file, acl_file)):
+        fail(command, "give --dynsec-file, or --passwd-file with --acl-file", 2)
+    written = [p for p in (dynsec_file, passwd_file, acl_file) if p is not None]
+    targets = {p.resolve() for p in written}
+    if len(targets) != len(written) or (
+        password_out is not None and password_out.resolve() in targets
+    ):
+        fail(command, "--passwd-file, --acl-file and --password-out must differ", 2)
     with clean_errors(command):
         try:
-            provisioning_acl(devices, prefix=prefix, hub_user=hub_user, cdn_user=cdn_user)
+            provisioning_acl(
+                devices,
+                prefix=prefix,
+                hub_user=hub_user,
+                cdn_user=cdn_user,
+                legacy_topics=legacy_topics,
+            )
+            if dynsec_file is not None:
+                done = provision_dynsec(
+                    devices,
+                    dynsec_file=dynsec_file,
+                    prefix=prefix,
+                    hub_user=hub_user,
+                    cdn_user=cdn_user,
+                    share_group=share_group,
+                    legacy_topics=legacy_topics,
+                    bind_client_ids=bind_client_ids,
+                    password_out=password_out,
+                )
         except ConfigError as e:
             fail(command, str(e), 2)
-        targets = {passwd_file.resolve(), acl_file.resolve()}
-        if len(targets) != 2 or (password_out is not None and password_out.resolve() in targets):
-            fail(command, "--passwd-file, --acl-file and --password-out must differ", 2)
-        done = provision_users(
-            devices,
-            passwd_file=passwd_file,
-            acl_file=acl_file,
-            prefix=prefix,
-            hub_user=hub_user,
-            cdn_user=cdn_user,
-            password_out=password_out,
-        )
+        if dynsec_file is None:
+            assert passwd_file is not None and acl_file is not None
+            done = provision_users(
+                devices,
+                passwd_file=passwd_file,
+                acl_file=acl_file,
+                prefix=prefix,
+                hub_user=hub_user,
+                cdn_user=cdn_user,
+                password_out=password_out,
+                legacy_topics=legacy_topics,
+            )
     if password_out is None:
         typer.echo(done.secrets_text(), nl=False)
     for user in devices:
         role = " (hub)" if user == hub_user else " (cdn)" if user == cdn_user else ""
         typer.echo(f"{'rotated' if user in done.rotated else 'added'} {user}{role}", err=True)
-    typer.echo(f"wrote {passwd_file} and {acl_file}; reload Mosquitto: kill -HUP <pid>", err=True)
+    if dynsec_file is not None:
+        typer.echo(f"wrote {dynsec_file}; restart Mosquitto to load it", err=True)
+    else:
+        typer.echo(
+            f"wrote {passwd_file} and {acl_file}; reload Mosquitto: kill -HUP <pid>", err=True
+        )
 
 
 # -- the fleet as the CDN sees it ---------------------------------------------

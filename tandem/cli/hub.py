@@ -139,6 +139,61 @@ LegacyTopicsOption = Annotated[
         "<prefix>/dev/<device>/infer/<model> and are answered on their own reply topic.",
     ),
 ]
+CdnOption = Annotated[
+    str | None,
+    typer.Option(
+        "--cdn",
+        help="Pull the --model(s) from this model CDN (https://cdn.example) into --repo: "
+        "signed manifests verified against --trusted-key, digests checked, as a device "
+        "does; new versions are swapped in as they appear (--cdn-poll-s).",
+        show_default=False,
+    ),
+]
+PullModelOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--model",
+        help="A model to pull from --cdn: NAME follows the latest version, NAME@VERSION "
+        "pins one. Repeat for several.",
+        show_default=False,
+    ),
+]
+TrustedKeyOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--trusted-key",
+        help="Publisher public key (tandem keys generate) whose signature a pulled "
+        "manifest must carry. Repeat for several.",
+        exists=True,
+        dir_okay=False,
+        show_default=False,
+    ),
+]
+CdnTokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--cdn-token",
+        envvar="TANDEM_CDN_TOKEN",
+        help="The CDN's read token, when it needs one.",
+        show_default=False,
+    ),
+]
+CdnCaOption = Annotated[
+    Path | None,
+    typer.Option("--cdn-ca", help="PEM CA of an https:// CDN.", show_default=False),
+]
+CdnPollOption = Annotated[
+    float, typer.Option("--cdn-poll-s", help="How often to ask --cdn for new versions.")
+]
+RepoPollOption = Annotated[
+    float,
+    typer.Option(
+        "--repo-poll-s",
+        help="How often to look for new model versions in --repo; a new one is loaded and "
+        "warmed up, then swapped in without dropping requests (one that fails to load "
+        "leaves the old one serving). 0: never.",
+    ),
+]
 RedisOption = Annotated[
     str | None,
     typer.Option(
@@ -183,6 +238,13 @@ def hub(
     legacy_topics: LegacyTopicsOption = True,
     max_inflight_mib: MaxInflightOption = 256,
     redis: RedisOption = None,
+    repo_poll_s: RepoPollOption = 2.0,
+    cdn: CdnOption = None,
+    model: PullModelOption = None,
+    trusted_key: TrustedKeyOption = None,
+    cdn_token: CdnTokenOption = None,
+    cdn_ca: CdnCaOption = None,
+    cdn_poll_s: CdnPollOption = 30.0,
 ) -> None:
     """Serve a model repository to edge devices over MQTT, batching on the GPU when present.
 
@@ -219,6 +281,9 @@ def hub(
         mqtt_client=mqtt_client,
         device=device,
         max_inflight_mib=max_inflight_mib,
+        cdn=cdn,
+        models=tuple(model or ()),
+        trusted_keys=tuple(trusted_key or ()),
     )
     if problem is not None:
         raise typer.BadParameter(problem[1], param_hint=problem[0])
@@ -249,6 +314,13 @@ def hub(
         http_workers=http_workers,
         max_inflight_mib=max_inflight_mib,
         redis_url=redis,
+        repo_poll_s=max(0.0, repo_poll_s),
+        cdn=cdn,
+        models=tuple(model or ()),
+        trusted_keys=tuple(trusted_key or ()),
+        cdn_token=cdn_token,
+        cdn_ca=cdn_ca,
+        cdn_poll_s=max(1.0, cdn_poll_s),
         log_level=log_level,
         log_format=log_format,
     )
