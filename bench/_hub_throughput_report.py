@@ -19,6 +19,7 @@ from ._hub_throughput_settings import (
     BATCHED,
     PREVIOUS_HTTP_REQ_S,
     QUICK,
+    STALL_MS,
     TARGET_AT,
     UNBATCHED,
     WORKERS,
@@ -107,8 +108,10 @@ def build_result(m: dict[str, Any]) -> dict[str, Any]:
         limit_for = (lambda n: None) if name.startswith("echo") else by_n.get
         summary[name] = {n: summarize(p, limit_for(n)) for n, p in per_n.items()}
     at = {name: per_n[TARGET_AT] for name, per_n in summary.items()}
-    targets = _echo_targets(at, sweep_cpu["cloud"], m["load"])
-    targets += _heavy_targets(at, sweeps["heavy"], m["best_batch"]["heavy"])
+    stalled = summary["hub_mqtt"][1]["p50_ms"] > STALL_MS
+    stall = "; see the note on the reply stall" if stalled else ""
+    targets = _echo_targets(at, sweep_cpu["cloud"], m["load"], stall)
+    targets += _heavy_targets(at, sweeps["heavy"], m["best_batch"]["heavy"], stall)
     targets += _scaling_http_targets(at, m["load"])
     targets += _memory_targets(m["memory_isolation"])
     gpu = m["gpu"]
@@ -175,7 +178,7 @@ def build_result(m: dict[str, Any]) -> dict[str, Any]:
 
 
 def _echo_targets(
-    at: dict[str, dict[str, Any]], cpu: dict[int, list[float]], load: dict[str, Any]
+    at: dict[str, dict[str, Any]], cpu: dict[int, list[float]], load: dict[str, Any], stall: str
 ) -> list[dict[str, Any]]:
     hub, echo = at["hub_mqtt"], at["echo_crt"]
     share = hub["throughput"] / echo["throughput"]
@@ -200,7 +203,7 @@ def _echo_targets(
             f"load generator {hub['cores']['load generator']:.2f}, on 2 cores shared with "
             f"other jobs (load average {load['before'][0]:.1f} before the part); "
             f"{_closed_loop(hub)} (p50 {hub['p50_ms']:.1f} ms against the echo's "
-            f"{echo['p50_ms']:.1f} ms; see the note on the reply stall)",
+            f"{echo['p50_ms']:.1f} ms{stall})",
         ),
         _target(
             f"tiny model, {TARGET_AT} requesters: hub CPU per request outside the model "
@@ -219,17 +222,18 @@ def _echo_targets(
 
 
 def _heavy_targets(
-    at: dict[str, dict[str, Any]], sweep: dict[int, list[float]], best: int
+    at: dict[str, dict[str, Any]], sweep: dict[int, list[float]], best: int, stall: str
 ) -> list[dict[str, Any]]:
     ms_at_1 = 1e3 / statistics.median(sweep[1])
     gain = statistics.median(sweep[64]) / statistics.median(sweep[1])
     on, off, limit = at["heavy_mqtt"], at["heavy_mqtt_unbatched"], at["executor_heavy"]
     paho = at["heavy_mqtt_paho"]
     other = (
-        f"; the same model on hub P (`--mqtt-client paho`, no stall): "
-        f"{paho['throughput']:.0f} req/s, {paho['share_of_limit'] or 0:.0%}, batches of "
-        f"{paho['mean_batch'] or 0:.1f}"
+        f"; the same model on hub P (`--mqtt-client paho`): {paho['throughput']:.0f} req/s, "
+        f"{paho['share_of_limit'] or 0:.0%}, batches of {paho['mean_batch'] or 0:.1f}"
     )
+    batch = on["mean_batch"] or 1.0
+    nearest, rate = _per_sample(sweep, batch)
     speedup = on["throughput"] / off["throughput"]
     share = on["share_of_limit"] or 0.0
     return [
@@ -268,11 +272,13 @@ def _heavy_targets(
             f"samples/s in the same rounds; windows {on['throughput_min']:.0f} to "
             f"{on['throughput_max']:.0f})",
             share >= TARGET_HEAVY_SHARE,
-            f"the executor alone has both cores; in the hub it shares them with the ingress, "
-            f"broker and load generator: {describe_cores(on, per_request=False)}; mean batch "
-            f"{on['mean_batch'] or 0:.1f} against the best {best}: {_closed_loop(on)}, so "
-            "fewer requests wait in the queue than the executor could take (see the note on "
-            f"the reply stall){other}",
+            f"batch size: {TARGET_AT} requesters can never fill batches of {best} (at most "
+            f"{TARGET_AT} wait at once); the hub formed batches of {batch:.1f}, at which the "
+            f"executor alone computes about {rate:.0f} samples/s (batch {nearest} in its "
+            f"sweep); {_closed_loop(on)}. Cores: {describe_cores(on, per_request=False)}, "
+            f"broker {on['cores']['broker']:.2f}, load generator "
+            f"{on['cores']['load generator']:.2f}; the executor alone used "
+            f"{limit['cores']['server']:.2f} in its rounds{stall}{other}",
         ),
     ]
 
@@ -347,8 +353,8 @@ def _memory_targets(mi: dict[str, Any]) -> list[dict[str, Any]]:
             f"{flood['bodies_answered']} bodies answered meanwhile, by status "
             f"{flood['bodies_statuses']})",
             p99_x <= TARGET_FLOOD_P99_X,
-            f"CPU: parsing the bodies kept the HTTP ingress at {http_cores:.2f} cores of "
-            "the 2 that the MQTT ingress, the executor, the broker and the load generator "
-            "also need",
+            f"CPU: the bodies (read, parsed or refused) kept the HTTP ingress at "
+            f"{http_cores:.2f} cores of the 2 that the MQTT ingress, the executor, the broker "
+            "and the load generator also need",
         ),
     ]

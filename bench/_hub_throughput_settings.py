@@ -20,6 +20,7 @@ __all__ = [
     "QUEUE_DELAY_MS",
     "QUICK",
     "REPEATS",
+    "STALL_MS",
     "SWEEP_ROUNDS",
     "TARGET_AT",
     "UNBATCHED",
@@ -45,3 +46,6 @@ WORKERS = 2
 # Hub, batching on, HTTP binary tensors, 64 connections: BENCHMARKS.md part c of the
 # 2026-11-30 run, the single-process hub before issue 10 (its item 5 asks for 2x this).
 PREVIOUS_HTTP_REQ_S = 822.0
+# A median MQTT round trip above this at 1 requester is a stall (Nagle against a delayed
+# ACK), not work: the report then says so.
+STALL_MS = 30.0

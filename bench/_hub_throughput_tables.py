@@ -14,7 +14,14 @@ from typing import Any
 
 from ._heavy_model import CHANNELS, HIDDEN
 from ._hub_throughput_memory import BODIES, ISOLATION_REQUESTERS
-from ._hub_throughput_settings import REPEATS, SWEEP_ROUNDS, TARGET_AT, WINDOW_S, WORKERS
+from ._hub_throughput_settings import (
+    REPEATS,
+    STALL_MS,
+    SWEEP_ROUNDS,
+    TARGET_AT,
+    WINDOW_S,
+    WORKERS,
+)
 from ._plots import plot_throughput
 from ._report import RESULTS_DIR
 
@@ -22,7 +29,6 @@ __all__ = ["LABELS", "describe_cores", "tables_notes_plot"]
 
 PLOT = "hub_throughput.png"
 _IDLE_CORES = 0.005  # a process using less than this is idle in a row
-_STALL_MS = 30.0  # a median round trip at 1 requester above this is a stall, not work
 LABELS = {
     "executor": "tiny model: executor alone at its best batch size (the limit)",
     "batcher": "DynamicBatcher in process, no transport",
@@ -336,21 +342,19 @@ def _notes(m: dict[str, Any], summary: dict[str, dict[int, dict[str, Any]]]) -> 
             f"{BODIES} bodies in parsing at all times would."
         )
     lone = summary["hub_mqtt"][1]
-    if lone["p50_ms"] > _STALL_MS:
+    if lone["p50_ms"] > STALL_MS:
         notes.append(
             f"The hub's MQTT rows at few requesters are held back by a stall of ~40 ms per "
             f"reply (hub A, 1 requester: p50 {lone['p50_ms']:.1f} ms, "
             f"{lone['throughput']:.0f} req/s; the isolation rows at {ISOLATION_REQUESTERS} "
-            "requesters too). The MQTT ingress publishes each reply from the thread that "
-            "reads the executors' replies, so it leaves as a small write of its own on "
-            "awscrt's socket, which has no TCP_NODELAY (awscrt offers no option for it): "
-            "Nagle's algorithm holds it until the broker acknowledges the request's PUBACK, "
-            "which Linux delays up to 40 ms. The echo consumer publishes inside awscrt's "
-            "callback, so its reply leaves with the PUBACK. With `--mqtt-client paho` (which "
-            f"sets TCP_NODELAY) the same hub answers 1 requester with a p50 of "
-            f"{summary['hub_mqtt_paho'][1]['p50_ms']:.1f} ms (its row above). At 64 "
-            "requesters the stall also caps throughput, as N requesters over ~N/throughput "
-            "of latency."
+            "requesters too; hub P with `--mqtt-client paho`: p50 "
+            f"{summary['hub_mqtt_paho'][1]['p50_ms']:.1f} ms). The signature of Nagle's "
+            "algorithm against a delayed ACK: the MQTT ingress publishes each reply from the "
+            "thread that reads the executors' replies, so it leaves as a small write of its "
+            "own, held until the broker acknowledges the request's PUBACK, which Linux delays "
+            "up to 40 ms, unless the ingress's socket to the broker has TCP_NODELAY. At 64 "
+            "requesters the stall also caps throughput (N requesters over the mean round "
+            "trip).",
         )
     return [
         *notes,
