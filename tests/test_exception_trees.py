@@ -17,10 +17,17 @@ import types
 import pytest
 
 import shared
+from cloud_hub import HubError
 from edge_agent import EdgeError
+from model_cdn import CdnError
 from shared import TandemError
 
-TREES = [("shared", TandemError), ("edge_agent", EdgeError)]
+TREES = [
+    ("shared", TandemError),
+    ("edge_agent", EdgeError),
+    ("cloud_hub", HubError),
+    ("model_cdn", CdnError),
+]
 
 # A drawn line: the tree's prefix ("│   ", "├── ", "└── ", spaces), then a class name.
 _DRAWN = re.compile(r"^(?P<prefix>[ │├└─]*)(?P<name>(?:shared\.)?[A-Z]\w*)\b")
