@@ -450,8 +450,9 @@ def models_pull(
         str | None,
         typer.Option(
             "--token",
-            envvar="TANDEM_CDN_TOKEN",
-            help="With --cdn: an API key with models:read, where the CDN guards reads.",
+            envvar="TANDEM_CDN_ADMIN_TOKEN",
+            help="With --cdn, where the CDN guards reads: its read or admin token, or an API "
+            "key with models:read.",
             show_default=False,
         ),
     ] = None,
