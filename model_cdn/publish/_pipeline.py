@@ -128,10 +128,7 @@ def publish_model(
     """
     step: Progress = progress or (lambda stage, fraction: None)
     method = _check_arguments(name, quantize, format, tflite_file, min_agreement, expires_in_days)
-    if format == "onnx" and method == "int8-static" and calibration is None:
-        raise PublishError("int8-static quantization needs calibration inputs")
-    if format == "onnx" and method != "none" and validation is None:
-        raise PublishError(f"{method} needs validation inputs: agreement is the publish gate")
+    _check_samples(method, format, calibration, validation)
     destination = _destination(target, registry, store)
     latest = destination.latest(name)
     if version is None:
@@ -314,6 +311,15 @@ def _check_arguments(
     if not expires_in_days > 0:
         raise PublishError(f"expires_in_days must be positive, got {expires_in_days}")
     return quantize or ("int8-static" if format == "onnx" else "none")
+
+
+def _check_samples(
+    method: str, format: str, calibration: np.ndarray | None, validation: object
+) -> None:
+    if format == "onnx" and method == "int8-static" and calibration is None:
+        raise PublishError("int8-static quantization needs calibration inputs")
+    if format == "onnx" and method != "none" and validation is None:
+        raise PublishError(f"{method} needs validation inputs: agreement is the publish gate")
 
 
 def _check_changed(

@@ -350,21 +350,7 @@ def models_publish(
     --validation val.npz --sign-key ~/.tandem/publisher.key
     """
     command = "models publish"
-    if quantize is not None and quantize not in QUANTIZE:
-        fail(command, f"--quantize must be one of {', '.join(QUANTIZE)}, got {quantize!r}", 2)
-    if format not in FORMATS:
-        fail(command, f"--format must be onnx or tflite, got {format!r}", 2)
-    if format == "tflite" and quantize not in (None, "none"):
-        fail(
-            command,
-            f"--quantize {quantize} does not apply to --format tflite: the .tflite file is "
-            "published as converted (quantize it when converting); leave --quantize out",
-            2,
-        )
-    if not 0 <= min_agreement <= 1:
-        fail(command, f"--min-agreement must be between 0 and 1, got {min_agreement}", 2)
-    if not source.is_file():
-        fail(command, f"no model file {source}", 2)
+    _check_publish_options(command, source, quantize, format, min_agreement)
     client = None if cdn is None else admin_client(command, cdn, token, ca)
     with clean_errors(command), admin_errors(command):
         key = load_key(sign_key, command)
@@ -405,6 +391,27 @@ def models_publish(
     print_published(result)
 
 
+def _check_publish_options(
+    command: str, source: Path, quantize: str | None, format: str, min_agreement: float
+) -> None:
+    """What the command line alone can tell is wrong: one line, exit code 2."""
+    if quantize is not None and quantize not in QUANTIZE:
+        fail(command, f"--quantize must be one of {', '.join(QUANTIZE)}, got {quantize!r}", 2)
+    if format not in FORMATS:
+        fail(command, f"--format must be onnx or tflite, got {format!r}", 2)
+    if format == "tflite" and quantize not in (None, "none"):
+        fail(
+            command,
+            f"--quantize {quantize} does not apply to --format tflite: the .tflite file is "
+            "published as converted (quantize it when converting); leave --quantize out",
+            2,
+        )
+    if not 0 <= min_agreement <= 1:
+        fail(command, f"--min-agreement must be between 0 and 1, got {min_agreement}", 2)
+    if not source.is_file():
+        fail(command, f"no model file {source}", 2)
+
+
 def _publish_target(
     client: AdminClient | None, registry: Registry | None, store: str, key: SigningKey
 ) -> PublishTarget:
@@ -423,39 +430,44 @@ def _publish_target(
 _MODEL_REF = re.compile(r"([^@]+)(?:@([1-9][0-9]{0,17}))?")
 
 
+ModelRefArgument = Annotated[
+    str,
+    typer.Argument(
+        metavar="NAME[@VERSION]",
+        help="The model, and a version (default: the latest).",
+        show_default=False,
+    ),
+]
+OutOption = Annotated[
+    Path | None, typer.Option("--out", help="The model file to write.", show_default=False)
+]
+SourceCdnOption = Annotated[
+    str | None,
+    typer.Option(
+        "--cdn",
+        help="Read from this CDN (http:// or https://) instead of --registry and --store.",
+        show_default=False,
+    ),
+]
+ReadTokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="TANDEM_CDN_ADMIN_TOKEN",
+        help="With --cdn, where the CDN guards reads: its read or admin token, or an API "
+        "key with models:read.",
+        show_default=False,
+    ),
+]
+
+
 @models_app.command("pull", cls=required_in_help("out", "trusted_key"))
 def models_pull(
-    target: Annotated[
-        str,
-        typer.Argument(
-            metavar="NAME[@VERSION]",
-            help="The model, and a version (default: the latest).",
-            show_default=False,
-        ),
-    ],
-    out: Annotated[
-        Path | None,
-        typer.Option("--out", help="The model file to write.", show_default=False),
-    ] = None,
-    trusted_key: TrustedKeysOption = None,
-    cdn: Annotated[
-        str | None,
-        typer.Option(
-            "--cdn",
-            help="Read from this CDN (http:// or https://) instead of --registry and --store.",
-            show_default=False,
-        ),
-    ] = None,
-    token: Annotated[
-        str | None,
-        typer.Option(
-            "--token",
-            envvar="TANDEM_CDN_ADMIN_TOKEN",
-            help="With --cdn, where the CDN guards reads: its read or admin token, or an API "
-            "key with models:read.",
-            show_default=False,
-        ),
-    ] = None,
+    target: ModelRefArgument,
+    out: OutOption = None,  # required; checked so that a missing one is one line
+    trusted_key: TrustedKeysOption = None,  # required, likewise
+    cdn: SourceCdnOption = None,
+    token: ReadTokenOption = None,
     ca: CaOption = None,
     registry: RegistryOption = DEFAULT_REGISTRY,
     store: StoreOption = DEFAULT_STORE,
@@ -493,11 +505,8 @@ def models_pull(
             pulled = pull_model(source, name, version, keys)
         except ManifestError as e:
             asked = target if version else f"the latest {name}"
-            fail(
-                command,
-                f"the manifest of {asked} from {source.where} does not verify: {e} "
-                f"(trusted: {', '.join(trusted_key)})",
-            )
+            why = f"{e} (trusted: {', '.join(trusted_key)})"
+            fail(command, f"the manifest of {asked} from {source.where} does not verify: {why}")
         finally:
             close()
         _check_suffix(command, out, pulled.manifest.format)
