@@ -12,7 +12,8 @@ Exception tree::
     │   ├── ManifestError            a model manifest or signed document that is invalid
     │   │   ├── SignatureError       unsigned, signed by an untrusted key, or tampered
     │   │   └── ExpiredError         past its expiry (a freeze attack, or just stale)
-    │   └── UnsupportedMediaTypeError  an HTTP body's Content-Type a route does not take (415)
+    │   └── UnsupportedMediaTypeError  an HTTP body's Content-Type or Content-Encoding
+    │                                a route does not take (415)
     ├── ConfigError (ValueError)     a setting that cannot work (bad URL, bad option)
     └── ApiKeyError                  an HTTP request's API key refused
         ├── InvalidApiKeyError       malformed, unknown, wrong secret or revoked  -> 401
@@ -90,7 +91,8 @@ class ExpiredError(ManifestError):
 
 
 class UnsupportedMediaTypeError(ProtocolError):
-    """An HTTP request body whose ``Content-Type`` the route does not take (answered 415)."""
+    """An HTTP request body whose ``Content-Type`` or ``Content-Encoding`` the route
+    does not take (answered 415)."""
 
 
 class ConfigError(TandemError, ValueError):
