@@ -175,7 +175,7 @@ CdnTokenOption = Annotated[
     str | None,
     typer.Option(
         "--cdn-token",
-        envvar="TANDEM_CDN_TOKEN",
+        envvar="TANDEM_CDN_READ_TOKEN",
         help="The CDN's read token, when it needs one.",
         show_default=False,
     ),

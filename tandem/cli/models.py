@@ -453,9 +453,9 @@ ReadTokenOption = Annotated[
     str | None,
     typer.Option(
         "--token",
-        envvar="TANDEM_CDN_ADMIN_TOKEN",
+        envvar=["TANDEM_CDN_READ_TOKEN", "TANDEM_CDN_ADMIN_TOKEN"],
         help="With --cdn, where the CDN guards reads: its read or admin token, or an API "
-        "key with models:read.",
+        "key with models:read (env: TANDEM_CDN_READ_TOKEN, else TANDEM_CDN_ADMIN_TOKEN).",
         show_default=False,
     ),
 ]
