@@ -280,10 +280,8 @@ class CrtSession(MqttSession):
         code = None if connack is None else connack.reason_code
         if code is not None and int(code) >= 0x80:
             refusal = _refusal(code)
-            log.error("broker %s refused %s: %s", self.settings.url, self.client_id, refusal)
             self._connect_failed(ConnectFailure(str(refusal), refusal))
             return
-        log.warning("cannot connect to %s: %s; retrying", self.settings.url, data.exception)
         self._connect_failed(ConnectFailure(str(data.exception or "connection failed")))
 
     def _on_disconnection(self, data: Any) -> None:

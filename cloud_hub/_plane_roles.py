@@ -136,7 +136,9 @@ def run_mqtt_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
     _wait_for_executors(pool, len(spec.executors))
     front.start(wait_s=None)  # a broker that is down is waited for in the background
     if not session.subscribed.wait(_SUBSCRIBE_S):  # serving means subscribed, when possible
-        log.warning("not subscribed to %s yet; serving once the broker answers", spec.broker)
+        failure = session.connect_failure
+        why = f" ({failure.explain(session.settings.url)})" if failure is not None else ""
+        log.warning("not subscribed to %s yet%s; serving once the broker answers", spec.broker, why)
     ready()
     try:
         while not stopping.is_set():

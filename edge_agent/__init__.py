@@ -11,11 +11,16 @@ Typical use::
         result = agent.infer(image, deadline_ms=50)
         result.source, result.output, result.latency
 
+A device holds one MQTT connection (``DeviceLink``, client id = device id):
+the agent's uplink makes it, and a ``ModelUpdater`` and a
+``TelemetryReporter`` of the same agent use it too.
+
 Never imports torch, fastapi or the hub/CDN packages: a device installs ``tandem[edge]``.
 """
 
 from ._agent import AgentStats, AsyncEdgeAgent, BaseAgent, EdgeAgent
 from ._breaker import BreakerState, CircuitBreaker
+from ._device_link import DeviceLink
 from ._errors import (
     DowngradeError,
     DownloadError,
@@ -54,6 +59,7 @@ __all__ = [
     "BreakerState",
     "CircuitBreaker",
     "Decision",
+    "DeviceLink",
     "DeviceModelStore",
     "DowngradeError",
     "DownloadError",

@@ -55,6 +55,7 @@ from shared import Limits, Message, MqttSettings, Topics, TransferOptions
 
 from ._breaker import CircuitBreaker
 from ._cloud_probe import CloudProbe
+from ._device_link import DeviceLink
 from ._errors import EdgeError, InvalidInputError
 from ._estimator import DecayingMax, LatencyEstimator, NetworkEstimator
 from ._inflight import InflightCounter
@@ -209,6 +210,11 @@ class BaseAgent:
         if probe:
             uplink.on_connected = cloud_probe.send
             self.cloud_probe = cloud_probe
+
+    @property
+    def link(self) -> DeviceLink | None:
+        """The device's one MQTT connection (the uplink's; an updater shares it), or None."""
+        return self.uplink.link if self.uplink is not None else None
 
     @property
     def runtime(self) -> ModelRuntime | None:

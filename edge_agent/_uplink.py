@@ -1,16 +1,20 @@
 """MQTT uplink: sends requests to the hub and matches replies by correlation id.
 
-One paho-mqtt 2.x client per agent, run by paho's network thread
-(``loop_start``), reconnecting by itself with backoff. ``send`` publishes at
-QoS 1 on the model's request topic and returns a ``concurrent.futures.Future``
-resolved by the reply that carries the same request id, on this device's
-reply topic. Correlation lives in the envelope header (its id and
-``reply_to``), so MQTT 3.1.1 brokers work; on MQTT 5 a request also carries a
-message expiry (its deadline, in whole seconds), so a broker holding it for a
-hub that is not there drops it once its answer is useless. That one property
-is packed by hand: paho's ``Properties`` class costs tens of microseconds per
-message on both ends, and the response topic and correlation data it would
-carry are in the envelope already.
+The uplink runs on the device's one MQTT connection, a ``DeviceLink``
+(``_device_link``: a ``shared.PahoSession`` whose client id is the device
+id), which it creates unless given one; the device's updater and telemetry
+share it. ``send`` publishes at QoS 1 on the device's own request topic
+(``…/dev/{device}/infer/{model}``: the broker lets only this device write
+there, and the hub answers on this device's reply topic, whatever the
+request says) and returns a ``concurrent.futures.Future`` resolved by the
+reply that carries the same request id. Correlation lives in the envelope
+header (its id and ``reply_to``), so MQTT 3.1.1 brokers work; on MQTT 5 a
+request also carries a message expiry (its deadline, in whole seconds), so
+a broker holding it for a hub that is not there drops it once its answer is
+useless. That one property is packed by hand (``shared.publish_properties``):
+paho's ``Properties`` class costs tens of microseconds per message on both
+ends, and the response topic and correlation data it would carry are in the
+envelope already.
 
 Failure is fast: ``send`` raises ``UplinkError`` at once when not connected,
 and losing the connection fails every pending future, so the agent falls
@@ -19,7 +23,7 @@ first connection attempt to end, not for ``wait_s`` when the broker refuses
 or cannot be reached; ``connect_problem`` then says why. A reply that
 arrives after its request gave up is counted and handed to ``on_late_reply``
 (the agent hears from the hub through it), then dropped; ``on_connected``
-runs after every (re)connect, on paho's network thread.
+runs after every (re)connect, on the session's network thread.
 """
 
 from __future__ import annotations
@@ -31,29 +35,24 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shared import (
     ErrorCode,
+    InboundMessage,
     Limits,
     Message,
     MqttSettings,
     ProtocolError,
     Topics,
     TransferOptions,
-    create_client,
     decode_message,
     encode_message,
-    publish_properties,
-    resolve_protocol,
 )
 
+from ._device_link import DeviceLink
 from ._errors import UplinkError
-
-if TYPE_CHECKING:
-    from paho.mqtt.properties import Properties
 
 __all__ = ["MqttUplink", "UplinkStats"]
 
@@ -71,7 +70,7 @@ class UplinkStats:
 
 
 class MqttUplink:
-    """The device's MQTT link to the hub."""
+    """The device's MQTT link to the hub, on its ``DeviceLink``."""
 
     def __init__(
         self,
@@ -81,6 +80,7 @@ class MqttUplink:
         topics: Topics | None = None,
         transfer: TransferOptions | None = None,
         limits: Limits | None = None,
+        link: DeviceLink | None = None,
     ) -> None:
         self.settings = settings
         self.device_id = device_id
@@ -88,14 +88,12 @@ class MqttUplink:
         self.transfer = transfer or TransferOptions()
         self.limits = limits or Limits()
         self.reply_topic = self.topics.reply(device_id)
+        self.link = link or DeviceLink(settings, device_id, topics=self.topics)
         self.stats = UplinkStats()
-        self.protocol: str | None = None
         self._pending: dict[str, Future[Message]] = {}
         self._lock = threading.Lock()
-        self._connected = threading.Event()
-        self._attempted = threading.Event()  # the first connection attempt has ended
-        self._client: Any = None
-        self.connect_problem: str | None = None  # why the last attempt failed, if it did
+        self._open = False
+        self._waited_out: float | None = None  # start's wait, when it ended with no outcome
         self.on_connected: Callable[[], None] | None = None
         self.on_late_reply: Callable[[Message], None] | None = None
 
@@ -106,44 +104,51 @@ class MqttUplink:
 
         The wait ends at the first CONNACK, or as soon as the first attempt
         fails (refused, no route, bad credentials: ``connect_problem`` says
-        which). An unreachable broker is not an error: the client keeps
+        which). An unreachable broker is not an error: the session keeps
         retrying with backoff and the agent answers locally meanwhile.
         """
-        if self._client is not None:
+        if self._open:
             return self
-        protocol = resolve_protocol(self.settings)
-        self.protocol = protocol
-        client = create_client(self.settings, f"tandem-edge-{self.device_id}", protocol=protocol)
-        client.on_connect = self._on_connect
-        client.on_connect_fail = self._on_connect_fail
-        client.on_disconnect = self._on_disconnect
-        client.on_message = self._on_message
-        self._client = client
-        self._attempted.clear()
-        try:
-            client.connect_async(self.settings.host, self.settings.port, self.settings.keepalive_s)
-        except (OSError, ValueError) as e:
-            raise UplinkError(f"cannot connect to {self.settings.url}: {e}") from e
-        client.loop_start()
-        if wait_s and not self._attempted.wait(wait_s):
-            self.connect_problem = f"no answer within {wait_s:g} s"
+        self._open = True
+        self.link.watch(self._on_connection)
+        self.link.listen(self.reply_topic, self._on_reply)
+        connected = self.link.open(wait_s=wait_s or None)
+        no_outcome = wait_s and not connected and self.link.connect_failure is None
+        self._waited_out = wait_s if no_outcome else None
         return self
 
     def stop(self) -> None:
-        client, self._client = self._client, None
-        if client is None:
+        if not self._open:
             return
-        client.disconnect()
-        client.loop_stop()
-        self._connected.clear()
+        self._open = False
+        self.link.unlisten(self.reply_topic)
+        self.link.unwatch(self._on_connection)
+        self.link.close()
         self._fail_pending("uplink stopped")
 
     @property
     def connected(self) -> bool:
-        return self._connected.is_set()
+        return self._open and self.link.connected
 
     def wait_connected(self, timeout_s: float) -> bool:
-        return self._connected.wait(timeout_s)
+        return self.link.wait_connected(timeout_s)
+
+    @property
+    def protocol(self) -> str | None:
+        """The MQTT version the connection speaks ("5" or "3.1.1"), once started."""
+        return self.link.protocol
+
+    @property
+    def connect_problem(self) -> str | None:
+        """Why the last connection attempt failed, in a few words (None: it did not)."""
+        failure = self.link.connect_failure
+        if failure is not None:
+            if failure.refusal is not None:
+                return f"refused the connection: {failure.refusal}"
+            return f"is unreachable ({failure.reason})"
+        if self._waited_out is not None and not self.link.connected:
+            return f"gave no answer within {self._waited_out:g} s"
+        return None
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -157,8 +162,7 @@ class MqttUplink:
         model_version: str | None = None,
     ) -> tuple[Future[Message], int]:
         """Publish one request; returns its reply future and the bytes sent."""
-        client = self._client
-        if client is None or not self._connected.is_set():
+        if not self.connected:
             raise UplinkError("not connected to the broker", ErrorCode.INTERNAL)
         message = Message(
             kind="request",
@@ -176,80 +180,53 @@ class MqttUplink:
         with self._lock:
             self._pending[request_id] = future
         try:
-            info = client.publish(
-                self.topics.infer(model),
+            handle = self.link.publish(
+                self.topics.device_infer(self.device_id, model),
                 payload,
                 qos=1,
-                properties=self._properties(timeout_ms),
+                expiry_s=max(1, math.ceil(timeout_ms / 1000.0)),
             )
         except (OSError, ValueError, RuntimeError) as e:
             self.forget(request_id)
             raise UplinkError(f"publish failed: {e}") from e
-        if info.rc != 0:
+        if handle.failed or handle.offline:  # offline: the connection went since the check
             self.forget(request_id)
-            raise UplinkError(f"publish failed (paho rc={info.rc})")
+            raise UplinkError("publish failed: not connected to the broker")
         self.stats.sent += 1
         return future, len(payload)
 
     def publish(self, topic: str, payload: bytes, *, qos: int = 0) -> None:
         """Publish a side message (telemetry, status); ``UplinkError`` when not connected."""
-        client = self._client
-        if client is None or not self._connected.is_set():
+        if not self.connected:
             raise UplinkError("not connected to the broker", ErrorCode.INTERNAL)
         try:
-            info = client.publish(topic, payload, qos=qos)
+            handle = self.link.publish(topic, payload, qos=qos)
         except (OSError, ValueError, RuntimeError) as e:
             raise UplinkError(f"publish failed: {e}") from e
-        if info.rc != 0:
-            raise UplinkError(f"publish failed (paho rc={info.rc})")
+        if handle.failed:
+            raise UplinkError("publish failed: not connected to the broker")
 
     def forget(self, request_id: str) -> None:
         """Stop waiting for a request's reply (it timed out or was answered)."""
         with self._lock:
             self._pending.pop(request_id, None)
 
-    def _properties(self, timeout_ms: float) -> Properties | None:
-        if self.protocol != "5":
-            return None
-        return publish_properties(expiry_interval_s=max(1, math.ceil(timeout_ms / 1000.0)))
+    # -- the session's network thread: keep these short ----------------------------------------
 
-    # -- paho callbacks (network thread: keep them short) -------------------------------------
-
-    def _on_connect(
-        self, client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any
-    ) -> None:
-        if reason.is_failure:
-            self.connect_problem = f"refused: {reason}"
-            self._attempted.set()
-            log.warning("broker %s refused the connection: %s", self.settings.url, reason)
+    def _on_connection(self, up: bool) -> None:
+        if not up:
+            self.stats.disconnects += 1  # the session logs it
+            self._fail_pending("broker connection lost")
             return
-        client.subscribe(self.reply_topic, qos=1)
         self.stats.connects += 1
-        self.connect_problem = None
-        self._connected.set()
-        self._attempted.set()
         listener = self.on_connected
         if listener is not None:
             try:
                 listener()
-            except Exception:  # a listener's bug must not take paho's thread down
+            except Exception:  # a listener's bug must not take the network thread down
                 log.exception("on_connected failed")
 
-    def _on_connect_fail(self, _client: Any, _userdata: Any) -> None:
-        self.connect_problem = "unreachable (connection failed)"
-        self._attempted.set()
-
-    def _on_disconnect(
-        self, _client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any
-    ) -> None:
-        was = self._connected.is_set()
-        self._connected.clear()
-        if was:
-            self.stats.disconnects += 1
-            log.info("lost the broker %s (%s); retrying with backoff", self.settings.url, reason)
-        self._fail_pending("broker connection lost")
-
-    def _on_message(self, _client: Any, _userdata: Any, msg: Any) -> None:
+    def _on_reply(self, msg: InboundMessage) -> None:
         try:
             reply = decode_message(msg.payload, self.limits)
         except ProtocolError as e:

@@ -254,10 +254,14 @@ def _set_nodelay(_client: Any, _userdata: Any, sock: Any) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def resolve_protocol(settings: MqttSettings) -> Literal["5", "3.1.1"]:
+def resolve_protocol(
+    settings: MqttSettings, *, client_id: str | None = None
+) -> Literal["5", "3.1.1"]:
     """``settings.protocol``, or for ``"auto"`` whether the broker accepts MQTT 5.
 
-    Probes with a short-lived MQTT 5 connection. A broker that answers in
+    Probes with a short-lived MQTT 5 connection, under ``client_id`` when
+    given (a device's own id: a broker that binds ids to credentials would
+    refuse any other), else a random ``tandem-probe-…`` one. A broker that answers in
     MQTT 5 speaks it, even when it refuses us (bad credentials, not
     authorized: MQTT 5 reason codes are 0x80 and up); one that answers
     "unsupported protocol version" (0x84), answers in 3.1.1 terms, or drops
@@ -268,7 +272,8 @@ def resolve_protocol(settings: MqttSettings) -> Literal["5", "3.1.1"]:
         return settings.protocol
     import paho.mqtt.client as mqtt
 
-    client = create_client(settings, f"tandem-probe-{uuid.uuid4().hex}", protocol="5")
+    probe_id = client_id or f"tandem-probe-{uuid.uuid4().hex}"
+    client = create_client(settings, probe_id, protocol="5")
     answered = threading.Event()
     result: dict[str, bool] = {}
 

@@ -20,7 +20,9 @@ Rules every implementation keeps:
   refused or the broker was not reached, and ``connect_failure`` says which,
   in one line: ``explain(url)``); either way the session reconnects with
   backoff (``MqttSettings.reconnect_*``) for as long as it runs.
-  ``wait_connected`` waits across attempts;
+  ``wait_connected`` waits across attempts. Failures before the first
+  connection are the owner's to report (logged here at INFO); once a
+  connection was lost, the first failure of each streak is a WARNING;
 - every ``subscribe`` is sent again on every connection (sessions are not
   kept: clean start), so an owner never re-subscribes by hand;
   ``subscribed`` is set while every filter is granted;
@@ -264,8 +266,15 @@ class MqttSession(ABC):
             log.exception("MQTT message handler failed on %s", message.topic)
 
     def _connect_failed(self, failure: ConnectFailure) -> None:
+        # The first connection's failure is its owner's to report (``start`` returns it);
+        # after a connection was lost, the first failure of a streak is logged here.
+        first_of_streak = self.connect_failure is None
         self.connect_failure = failure
         self._answered.set()
+        level = logging.WARNING if self.connects and first_of_streak else logging.DEBUG
+        if not self.connects and first_of_streak:
+            level = logging.INFO
+        log.log(level, "%s; retrying (%s)", failure.explain(self.settings.url), self.client_id)
 
     def _connection_changed(self, up: bool) -> None:
         if up:
@@ -366,7 +375,7 @@ class PahoSession(MqttSession):
     def start(self, *, wait_s: float | None = None) -> bool:
         if self._client is None:
             if self._protocol is None:
-                self._protocol = resolve_protocol(self.settings)
+                self._protocol = resolve_protocol(self.settings, client_id=self.client_id)
             client = create_client(self.settings, self.client_id, protocol=self._protocol)
             client.max_inflight_messages_set(self._max_inflight)
             client.max_queued_messages_set(0)
@@ -456,7 +465,6 @@ class PahoSession(MqttSession):
     def _on_connect(self, _c: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
         if reason.is_failure:
             refusal = MqttRefusal(int(reason.value), str(reason))
-            log.error("broker %s refused %s: %s", self.settings.url, self.client_id, refusal)
             self._attempt_failed = True
             self._connect_failed(ConnectFailure(str(refusal), refusal))
             return
@@ -466,7 +474,6 @@ class PahoSession(MqttSession):
         # paho calls this inside its ``except OSError`` block: the error is the current one.
         error = sys.exc_info()[1]
         reason = (str(error) or type(error).__name__) if error else "connection failed"
-        log.warning("cannot reach the broker %s (%s); retrying", self.settings.url, reason)
         self._attempt_failed = True
         self._connect_failed(ConnectFailure(reason))
 

@@ -1,6 +1,8 @@
 """A minimal hub stand-in for edge tests: a real paho client on a real broker.
 
-It subscribes to the request topics and answers each request with whatever its
+It subscribes to the request topics of both layouts (each device's own,
+``…/dev/{device}/infer/{model}``, where agents publish, and the first
+``…/infer/{model}``), as the real hub does, and answers each request with whatever its
 handler returns (a reply Message, or None for silence). The real hub has its
 own tests; this lets edge tests stage exact hub behaviour (overloaded, silent).
 
@@ -89,7 +91,9 @@ class Responder:
         if reason.is_failure:  # bad credentials, not authorised: fail start() at once
             self._refused = reason
         else:
-            client.subscribe(self.topics.infer_filter(), qos=1)
+            client.subscribe(
+                [(self.topics.device_infer_filter(), 1), (self.topics.infer_filter(), 1)]
+            )
         self._ready.set()
 
     def _on_message(self, client: Any, _u: Any, msg: mqtt.MQTTMessage) -> None:

@@ -37,7 +37,7 @@ from ._cli import tandem
 from ._hubs import HubProcess
 from ._models import linear_classifier_weights, write_linear_classifier
 from ._site_net import GatewayBroker, SiteNetwork
-from .test_site_gateway_files import SITE, TOPICS, UNBOUND, option, provision
+from .test_site_gateway_files import SITE, TOPICS, option, provision
 
 W_EDGE, B_EDGE = linear_classifier_weights(seed=0)
 W_CLOUD, B_CLOUD = linear_classifier_weights(seed=1)
@@ -240,7 +240,7 @@ def test_cli_provisioned_site_carries_requests_replies_reports_and_keeps_assignm
         "fleet", "provision", "cam-01", "cam-02", "--gateway", SITE,
         "--dynsec-file", "site.json", "--bridge-file", "bridge.conf",
         "--cloud-broker", f"mqtt://127.0.0.1:{cloud_port}", "--cloud-dynsec-file", "cloud.json",
-        "--password-out", "devices.txt", *UNBOUND, cwd=tmp_path,
+        "--password-out", "devices.txt", cwd=tmp_path,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     pw = dict(

@@ -29,9 +29,6 @@ from ._cli import one_error_line, tandem
 
 TOPICS = Topics()
 SITE = "plant-a"
-# EdgeAgent connects as tandem-edge-<device>, not yet as its device id (docs/mqtt-security.md,
-# "Migration"), so the site's files leave client ids free for the agents of the broker tests.
-UNBOUND = ("--no-bind-client-ids",)
 
 
 def bridge_topics(text: str) -> set[tuple[str, str, int]]:
@@ -155,7 +152,6 @@ def provision(
         bridge_file=out.bridge,
         site_files=BrokerFiles(dynsec_file=out.site),
         cloud_files=BrokerFiles(dynsec_file=out.cloud),
-        bind_client_ids=False,  # UNBOUND
         options=options,
     )
     out.passwords.update(done.devices.passwords)

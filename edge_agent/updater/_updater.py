@@ -2,7 +2,11 @@
 
 ``ModelUpdater`` listens for this device's signed assignment (retained on
 MQTT, so it arrives on every connect) and polls the CDN for it while MQTT is
-down or not configured. One worker thread runs one update at a time::
+down or not configured. MQTT is the device's one connection (a
+``DeviceLink``, client id = device id): the agent's, when the agent has a
+broker on the same host and port as ``mqtt`` (``agent.link``), or ``link``
+when given; an updater whose agent has none opens its own. One worker thread
+runs one update at a time::
 
     downloading  fetch the manifest, check it (``_trust``), fetch the blob, or
                  the delta from the running version when that is smaller, or
@@ -47,18 +51,18 @@ from typing import Any
 from shared import (
     MAX_DOCUMENT_BYTES,
     Assignment,
+    InboundMessage,
     MqttSettings,
     Topics,
     UpdateState,
     UpdateStatus,
     claimed_version,
-    create_client,
     format_time,
-    resolve_protocol,
     validate_name,
 )
 
 from .._base_agent import BaseAgent
+from .._device_link import DeviceLink
 from .._errors import DownloadError, UntrustedUpdateError, UpdateError
 from ..runtimes import ModelRuntime
 from ._download import CdnClient, DownloadSettings
@@ -97,6 +101,7 @@ class ModelUpdater:
         read_token: str | None = None,
         step_hook: Callable[[str], None] | None = None,
         download: DownloadSettings | None = None,
+        link: DeviceLink | None = None,
     ) -> None:
         if not poll_interval_s > 0:
             raise ValueError(f"poll_interval_s must be > 0, got {poll_interval_s!r}")
@@ -104,7 +109,8 @@ class ModelUpdater:
         self.model = validate_name(model, "model name")
         self.device_id = validate_name(device_id, "device id")
         self.topics = topics or Topics()
-        self.mqtt = mqtt
+        self.link = link if link is not None else _device_link(agent, self.device_id, mqtt)
+        self.mqtt = self.link.settings if self.link is not None else None
         self.poll_interval_s = poll_interval_s
         self.stats = UpdaterStats()
         self._cdn = CdnClient(cdn_url, read_token=read_token, settings=download)
@@ -137,7 +143,7 @@ class ModelUpdater:
         self._backoff: dict[str, tuple[int, float]] = {}  # document -> (failures, retry at)
         self._reports: list[UpdateStatus] = []
         self._thread: threading.Thread | None = None
-        self._client: Any = None
+        self._listening = False
 
     # -- public surface ----------------------------------------------------------------------
 
@@ -173,8 +179,7 @@ class ModelUpdater:
             return self
         self._store.cleanup(self.model)  # half-written leftovers of a crash, if any
         self._stopping.clear()
-        if self.mqtt is not None:
-            self._start_mqtt(self.mqtt)
+        self._listen_on_link()
         self._thread = threading.Thread(
             target=self._run, name=f"tandem-updater-{self.model}", daemon=True
         )
@@ -188,10 +193,7 @@ class ModelUpdater:
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(timeout_s)
-        client, self._client = self._client, None
-        if client is not None:
-            client.disconnect()
-            client.loop_stop()
+        self._leave_link()
         self._connected.clear()
 
     def __enter__(self) -> ModelUpdater:
@@ -360,40 +362,43 @@ class ModelUpdater:
             rollout=rollout,
         )
         self._reports = [*self._reports[-(_MAX_REPORTS - 1) :], status]
-        client = self._client
-        if client is not None:
-            info = client.publish(self.topics.status(self.device_id), status.to_json(), qos=1)
-            if info.rc != 0:
+        link = self.link
+        if link is not None and self._listening:
+            topic = self.topics.status(self.device_id)
+            handle = link.publish(topic, status.to_json(), qos=1)
+            if handle.offline:
                 log.info("updater: status %s queued until the broker is back", state.value)
 
-    # -- MQTT --------------------------------------------------------------------------------
+    # -- MQTT: the device's link --------------------------------------------------------------
 
-    def _start_mqtt(self, settings: MqttSettings) -> None:
-        protocol = resolve_protocol(settings)
-        client = create_client(settings, f"tandem-updater-{self.device_id}", protocol=protocol)
-        client.on_connect = self._on_connect
-        client.on_disconnect = self._on_disconnect
-        client.on_message = self._on_message
-        self._client = client
-        try:
-            client.connect_async(settings.host, settings.port, settings.keepalive_s)
-        except (OSError, ValueError) as e:
-            log.warning("updater: cannot connect to %s (%s); polling the CDN", settings.url, e)
-        client.loop_start()
-
-    def _on_connect(self, client: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
-        if reason.is_failure:
-            log.warning("updater: broker refused the connection: %s", reason)
+    def _listen_on_link(self) -> None:
+        link = self.link
+        if link is None or self._listening:
             return
-        client.subscribe(self.topics.assign(self.device_id), qos=1)
-        self._connected.set()
+        self._listening = True
+        link.watch(self._on_connection)
+        link.listen(self.topics.assign(self.device_id), self._on_assignment)
+        if link.open():  # already connected (the agent's link): no callback will say so
+            self._connected.set()
 
-    def _on_disconnect(self, *_args: Any) -> None:
-        self._connected.clear()
-        self._wake.set()  # polling takes over
+    def _leave_link(self) -> None:
+        link = self.link
+        if link is None or not self._listening:
+            return
+        self._listening = False
+        link.unlisten(self.topics.assign(self.device_id))
+        link.unwatch(self._on_connection)
+        link.close()
 
-    def _on_message(self, _client: Any, _u: Any, msg: Any) -> None:
-        payload = bytes(msg.payload)
+    def _on_connection(self, up: bool) -> None:
+        if up:
+            self._connected.set()
+        else:
+            self._connected.clear()
+            self._wake.set()  # polling takes over
+
+    def _on_assignment(self, message: InboundMessage) -> None:
+        payload = bytes(message.payload)
         if not payload or len(payload) > MAX_DOCUMENT_BYTES:
             return  # a cleared retained message, or more than any assignment
         with self._pending_lock:
@@ -406,6 +411,17 @@ class ModelUpdater:
         table[key] = value
         while len(table) > _MAX_REMEMBERED:
             del table[next(iter(table))]
+
+
+def _device_link(agent: BaseAgent, device_id: str, mqtt: MqttSettings | None) -> DeviceLink | None:
+    """The link an updater uses: none without ``mqtt``; the agent's when it is this device's
+    on the same broker (a second connection under the device's id would drop the first)."""
+    if mqtt is None:
+        return None
+    shared = agent.link
+    if shared is not None and shared.device_id == device_id and shared.serves(mqtt):
+        return shared
+    return DeviceLink(mqtt, device_id)
 
 
 def _key(raw: bytes) -> str:

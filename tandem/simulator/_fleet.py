@@ -2,7 +2,11 @@
 
 Each device has its own paho-mqtt connection (its own client id, its own
 subscription to its retained assignment topic); one ``MqttEventLoop``
-thread drives all of them. Downloads (the signed manifest, then the blob)
+thread drives all of them. That is why the simulator builds its paho clients
+itself, the one place outside ``shared.MqttSession`` that does (see
+tests/test_mqtt_clients.py): a session runs a network thread per
+connection, and a thousand devices' clients must share one thread here, on
+paho's external-loop API. Downloads (the signed manifest, then the blob)
 run on a small thread pool sharing keep-alive HTTP connections
 (``CdnFetcher``). The devices' decisions are ``SimulatedDevice``'s; this
 module only moves bytes and time.
