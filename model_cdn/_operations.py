@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from shared import (
     CdnPaths,
+    InvalidStoreKeyError,
     ManifestError,
     ModelManifest,
     PublicKey,
@@ -46,7 +47,7 @@ from shared import (
 )
 from shared import digest as compute_digest
 
-from ._errors import DocumentRejectedError, ModelNotFoundError
+from ._errors import DocumentRejectedError, InvalidNameError, ModelNotFoundError
 from .registry import Registry, VersionRecord
 from .registry._rows import assignment_fields, check_name, check_version, manifest_fields
 from .store import BlobStore, check_digest
@@ -161,7 +162,10 @@ def _manifest(doc: dict[str, Any], trusted_keys: Sequence[PublicKey] | None) -> 
 def _store_blobs(store: BlobStore, blobs: Mapping[str, bytes], needed: list[str]) -> None:
     """Check every given blob against its digest and the manifest, then store them."""
     for name, data in blobs.items():
-        check_digest(name)
+        try:
+            check_digest(name)
+        except InvalidStoreKeyError as e:  # the operations' contract: a bad name, any kind
+            raise InvalidNameError(str(e)) from e
         if not isinstance(data, bytes):
             raise DocumentRejectedError(f"blob {name} is given as {type(data).__name__}, not bytes")
         if name not in needed:
