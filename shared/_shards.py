@@ -54,6 +54,7 @@ __all__ = [
     "EXAMPLES_AREA",
     "list_shards",
     "load_examples",
+    "read_manifest",
     "read_shard",
     "shard_prefix",
     "write_shard",
@@ -168,22 +169,29 @@ def _encode(rows: ExampleRows) -> tuple[bytes, dict[str, list[str]]]:
 def list_shards(store: BlobStore, model: str | None = None) -> list[ShardManifest]:
     """The manifests of every committed shard (of ``model``, or of every model), oldest first."""
     prefix = shard_prefix(model) if model is not None else f"{EXAMPLES_AREA}/"
-    manifests = []
-    for item in store.list_objects(prefix):
-        if not item.key.endswith(".json"):
-            continue
-        if item.size > MAX_DOCUMENT_BYTES:
-            raise ExampleShardError(f"shard manifest {item.key} is {item.size} bytes; too large")
-        raw = store.get_object(item.key)
-        try:
-            document = json.loads(raw)
-        except (UnicodeDecodeError, ValueError) as e:
-            raise ExampleShardError(f"shard manifest {item.key} is not JSON: {e}") from e
-        manifest = ShardManifest.from_dict(document)
-        if manifest.manifest_key != item.key:
-            raise ExampleShardError(f"shard manifest {item.key} names another shard")
-        manifests.append(manifest)
+    manifests = [
+        read_manifest(store, item.key, item.size)
+        for item in store.list_objects(prefix)
+        if item.key.endswith(".json")
+    ]
     return sorted(manifests, key=lambda m: (m.created_at, m.key))
+
+
+def read_manifest(store: BlobStore, key: str, size: int | None = None) -> ShardManifest:
+    """One shard's manifest, by its key (``….json``); ``size`` as listed, checked first."""
+    if size is not None and size > MAX_DOCUMENT_BYTES:
+        raise ExampleShardError(f"shard manifest {key} is {size} bytes; too large")
+    raw = store.get_object(key)
+    if len(raw) > MAX_DOCUMENT_BYTES:
+        raise ExampleShardError(f"shard manifest {key} is {len(raw)} bytes; too large")
+    try:
+        document = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ExampleShardError(f"shard manifest {key} is not JSON: {e}") from e
+    manifest = ShardManifest.from_dict(document)
+    if manifest.manifest_key != key:
+        raise ExampleShardError(f"shard manifest {key} names another shard")
+    return manifest
 
 
 def read_shard(store: BlobStore, manifest: ShardManifest) -> ExampleRows:
