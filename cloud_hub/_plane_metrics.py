@@ -30,6 +30,7 @@ from prometheus_client.utils import floatToGoString
 from shared import ErrorCode
 
 from ._batcher import HubResult
+from ._collect_metrics import COLLECTION_FAMILIES, COLLECTION_HELP
 from ._metrics_book import Histogram, MetricsBook, merge_books, read_books
 from ._prometheus import DURATION_BUCKETS_US, HELP, TRANSPORTS
 
@@ -53,6 +54,7 @@ _FAMILIES: dict[str, tuple[str, list[str]]] = {
     "tandem_hub_process_restarts": ("counter", ["role"]),
     "tandem_hub_version_swaps": ("counter", ["model"]),
     "tandem_hub_version_load_failures": ("counter", ["model"]),
+    **COLLECTION_FAMILIES,
 }
 
 
@@ -157,7 +159,7 @@ class PlaneMetrics:
 
 
 def _family(name: str, kind: str, labels: list[str]) -> Metric:
-    help_text = HELP.get(name, name)
+    help_text = HELP.get(name) or COLLECTION_HELP.get(name, name)
     if kind == "counter":
         return CounterMetricFamily(name, help_text, labels=labels)
     if kind == "gauge":
