@@ -307,6 +307,8 @@ def _nodelay_to(host: str, port: int) -> int:
                     peer = dup.getpeername()
                 except OSError:
                     continue
+                if not isinstance(peer, tuple):  # a Unix socket: no host and port
+                    break
                 if peer[0] in peers and peer[1] == port:
                     dup.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     changed += 1

@@ -89,13 +89,28 @@ class MetricsBook:
         with self._lock:
             self.gauges[(name, labels)] = value
 
-    def observe(self, name: str, labels: Labels, value: float, bounds: Sequence[float]) -> None:
+    def observe(
+        self, name: str, labels: Labels, value: float, bounds: Sequence[float], n: int = 1
+    ) -> None:
+        """``n`` observations of ``value`` (a batch's compute counts once per request)."""
         key = (name, labels)
         with self._lock:
             histogram = self.histograms.get(key)
             if histogram is None:
                 histogram = self.histograms[key] = Histogram(tuple(bounds))
-            histogram.observe(value)
+            histogram.observe(value, n)
+
+    def observe_many(
+        self, name: str, labels: Labels, values: Sequence[float], bounds: Sequence[float]
+    ) -> None:
+        """Every value of ``values``, under one lock."""
+        key = (name, labels)
+        with self._lock:
+            histogram = self.histograms.get(key)
+            if histogram is None:
+                histogram = self.histograms[key] = Histogram(tuple(bounds))
+            for value in values:
+                histogram.observe(value)
 
     def set_info(self, name: str, labels: Labels, values: dict[str, str]) -> None:
         with self._lock:

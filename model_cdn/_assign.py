@@ -12,6 +12,7 @@ document; it now opens an ``AssignmentPublisher`` for the one call.
 
 from __future__ import annotations
 
+import warnings
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -76,8 +77,12 @@ def publish_assignment(
     (a ``CdnError``) with one clear line when the broker cannot be reached,
     refuses the connection or the message, or does not acknowledge in time.
     """
-    # No DeprecationWarning yet: 'tandem models assign' still calls this until the CLI
-    # goes through assign_version; warn once nothing of ours does.
+    warnings.warn(
+        "publish_assignment is deprecated: use model_cdn.AssignmentPublisher (one connection"
+        " for many assignments) or model_cdn.assign_version (which also stores it)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     from ._publisher import AssignmentPublisher
 
     with AssignmentPublisher.connect(settings, topics, ack_timeout_s=timeout_s) as publisher:

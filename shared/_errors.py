@@ -12,7 +12,8 @@ Exception tree::
     │   ├── ManifestError            a model manifest or signed document that is invalid
     │   │   ├── SignatureError       unsigned, signed by an untrusted key, or tampered
     │   │   └── ExpiredError         past its expiry (a freeze attack, or just stale)
-    │   └── UnsupportedMediaTypeError  an HTTP body's Content-Type a route does not take (415)
+    │   └── UnsupportedMediaTypeError  an HTTP body's Content-Type or Content-Encoding
+    │                                a route does not take (415)
     ├── ConfigError (ValueError)     a setting that cannot work (bad URL, bad option)
     ├── StoreError                   a blob or object store failed (disk, S3) [CDN: 503]
     │   ├── BlobNotFoundError        no blob with that digest, no object under that key
@@ -102,7 +103,8 @@ class ExpiredError(ManifestError):
 
 
 class UnsupportedMediaTypeError(ProtocolError):
-    """An HTTP request body whose ``Content-Type`` the route does not take (answered 415)."""
+    """An HTTP request body whose ``Content-Type`` or ``Content-Encoding`` the route
+    does not take (answered 415)."""
 
 
 class ConfigError(TandemError, ValueError):

@@ -601,7 +601,10 @@ def test_make_assignment_signs_a_document_devices_accept() -> None:
 def test_publish_assignment_to_nowhere_is_one_clear_error() -> None:
     settings = MqttSettings.from_url(f"mqtt://127.0.0.1:{free_port()}", connect_timeout_s=2.0)
     doc = make_assignment(KEY, device="cam-1", model="mnist", version=1)
-    with pytest.raises(CdnError, match=r"cannot reach the MQTT broker at mqtt://127\.0\.0\.1:"):
+    with (
+        pytest.warns(DeprecationWarning, match="AssignmentPublisher"),
+        pytest.raises(CdnError, match=r"cannot reach the MQTT broker at mqtt://127\.0\.0\.1:"),
+    ):
         publish_assignment(settings, Topics(), "cam-1", doc, timeout_s=2.0)
 
 

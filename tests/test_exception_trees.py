@@ -20,7 +20,15 @@ import shared
 from edge_agent import EdgeError
 from shared import TandemError
 
-TREES = [("shared", TandemError), ("edge_agent", EdgeError)]
+from cloud_hub import HubError
+from model_cdn import CdnError
+
+TREES = [
+    ("shared", TandemError),
+    ("edge_agent", EdgeError),
+    ("cloud_hub", HubError),
+    ("model_cdn", CdnError),
+]
 
 # A drawn line: the tree's prefix ("│   ", "├── ", "└── ", spaces), then a class name.
 _DRAWN = re.compile(r"^(?P<prefix>[ │├└─]*)(?P<name>(?:shared\.)?[A-Z]\w*)\b")

@@ -77,7 +77,6 @@ from shared import (
 from .._backend import Backend, Outcome
 from .._batcher import HubResult
 from .._errors import (
-    BadRequestError,
     ExecutorError,
     HubError,
     InvalidRequestError,
@@ -148,10 +147,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     }.items()
 }
 _T = TypeVar("_T")
-
-
-class _UnsupportedEncodingError(BadRequestError):
-    """A compressed request body (Content-Encoding other than identity): answered 415."""
 
 
 class MetricsSink(Protocol):
@@ -380,7 +375,7 @@ class _InferenceApi:
             held += self.budget.take(max(0, len(body) - held))
             encoding = request.headers.get("content-encoding", "identity").strip().lower()
             if encoding not in ("", "identity"):
-                raise _UnsupportedEncodingError(
+                raise UnsupportedMediaTypeError(
                     f"Content-Encoding {encoding!r:.40} is not supported; send the body as is"
                 )
             header_length = parse_header_length(
@@ -540,7 +535,7 @@ def _check_outputs(info: ModelInfo, request: InferRequest) -> None:
 
 def _describe(error: Exception) -> tuple[int, ErrorCode, str]:
     """HTTP status, wire code and message for an infer failure."""
-    if isinstance(error, _UnsupportedEncodingError | UnsupportedMediaTypeError):
+    if isinstance(error, UnsupportedMediaTypeError):
         return 415, ErrorCode.BAD_REQUEST, str(error)
     if isinstance(error, ClientDisconnect):  # gone mid-body (or dropped as too slow)
         return 400, ErrorCode.BAD_REQUEST, "the client went away before its body ended"
