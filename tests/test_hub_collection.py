@@ -103,6 +103,23 @@ def ask(dev: Device, x: np.ndarray, answer: EdgeAnswer | None) -> Message:
     return reply
 
 
+def settle(hub: Hub, rows: int) -> None:
+    """Wait until ``rows`` rows were kept or refused, then write what is buffered.
+
+    The collector sees a request after its reply went out, so a device can
+    hold its last reply before the hub has looked at it.
+    """
+
+    def seen() -> float:
+        counts = metric(hub, "tandem_examples_collected_total")
+        counts.update(metric(hub, "tandem_examples_skipped_total"))
+        return sum(counts.values())
+
+    wait_for(lambda: seen() >= rows)
+    assert hub.collector is not None
+    hub.collector.flush()
+
+
 def wrong(label: int) -> int:
     return (label + 1) % 4
 
@@ -139,7 +156,7 @@ def test_disagreements_and_the_sample_are_kept_with_both_answers(
         reply = ask(dev, x[i : i + 1], answer)
         np.testing.assert_allclose(reply.tensors["logits"], cloud_logits(x[i : i + 1]), rtol=1e-5)
     assert hub.collector is not None
-    hub.collector.flush()
+    settle(hub, 8)  # rows kept or refused: the collector ran after each reply went out
 
     kept = load_examples(store, model=MODEL)
     order = sorted(expected)
@@ -168,8 +185,9 @@ def test_a_device_that_shares_no_answer_is_never_collected(
     dev = device()
     for i in range(5):
         ask(dev, rows(1, seed=i), None)
-    hub.collector.flush()
-    assert list_shards(store) == []
+    ask(dev, rows(1, seed=9), EdgeAnswer(model="e@1", labels=(0,), sampled=True))  # a marker
+    settle(hub, 1)
+    assert [m.rows for m in list_shards(store)] == [1]  # the marker alone
 
 
 def test_a_bad_answer_summary_costs_the_example_not_the_reply(
@@ -184,7 +202,7 @@ def test_a_bad_answer_summary_costs_the_example_not_the_reply(
     assert dev.reply(request_id).ok
     two_labels = EdgeAnswer(model="e@1", labels=(0, 1))  # for a one-row request
     ask(dev, rows(1, 1), two_labels)
-    hub.collector.flush()
+    settle(hub, 2)
     assert list_shards(store) == []
     assert metric(hub, "tandem_examples_skipped_total") == {
         (MODEL, "bad_answer"): 1.0,
@@ -204,7 +222,7 @@ def test_one_device_cannot_flood_the_set(tmp_path: Path, hub_for: Any, device: A
         x = rows(1, seed=200 + i)
         label = int(top_classes(cloud_logits(x))[0])
         ask(quiet, x, EdgeAnswer(model="e@1", labels=(wrong(label),)))
-    hub.collector.flush()
+    settle(hub, 23)
     kept = load_examples(store, model=MODEL)
     assert kept.devices.count(flood.device_id) == 5
     assert kept.devices.count(quiet.device_id) == 3
@@ -228,7 +246,7 @@ def test_the_cap_counts_what_a_device_already_has_in_the_store(
     first.stop()  # writes its 3 rows
     second = hub_for(repo)  # restarted: the device has 3 of its 4 already
     send(3, seed=400)
-    second.collector.flush()
+    settle(second, 3)
     assert load_examples(store, model=MODEL).devices.count(dev.device_id) == 4
     assert metric(second, "tandem_examples_skipped_total") == {(MODEL, "device_cap"): 2.0}
 
@@ -243,7 +261,7 @@ def test_privacy_mode_keeps_fingerprints_and_answers_but_no_input(
     labels = top_classes(cloud_logits(x))
     for i in range(6):
         ask(dev, x[i : i + 1], EdgeAnswer(model="e@1", labels=(wrong(int(labels[i])),)))
-    hub.collector.flush()
+    settle(hub, 6)
     kept = load_examples(store, model=MODEL)
     assert kept.inputs == {} and len(kept) == 6
     assert (kept.input_sha256 == input_digests({"x": x})).all()
