@@ -17,6 +17,7 @@ PARTS = {
     "hub-throughput": "bench.hub_throughput",  # (c)
     "edge-overhead": "bench.edge_overhead",  # (d)
     "distribution": "bench.distribution",  # (e)
+    "rollout-gates": "bench.rollout_gates",  # (f)
 }
 
 

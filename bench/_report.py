@@ -24,7 +24,14 @@ __all__ = ["RESULTS_DIR", "render", "write_markdown", "write_result"]
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 MARKDOWN = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 # Sections in the order; parts this list does not know come after, by name.
-_ORDER = ("collaboration", "round-trip", "hub-throughput", "edge-overhead", "distribution")
+_ORDER = (
+    "collaboration",
+    "round-trip",
+    "hub-throughput",
+    "edge-overhead",
+    "distribution",
+    "rollout-gates",
+)
 
 
 def write_result(result: dict[str, Any], results_dir: Path = RESULTS_DIR) -> Path:

@@ -210,14 +210,25 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 class _RoutesWatch:
-    """The routes the supervisor keeps in its file (the plan's until it writes one)."""
+    """The routes the supervisor keeps in its file (the plan's until it writes one).
 
-    def __init__(self, spec: PlaneSpec) -> None:
+    ``apply`` looks at the file at most every ``every_s``: the serving loop calls
+    it after each batch of replies, and a ``stat`` per batch was 5% of an
+    ingress's time under load.
+    """
+
+    def __init__(self, spec: PlaneSpec, *, every_s: float = 0.1) -> None:
         self.file = RoutesFile(spec.routes_file) if spec.routes_file else None
         self.initial = (self.file.read_if_changed() if self.file else None) or spec.routes()
+        self.every_s = every_s
+        self._next = time.monotonic() + every_s
 
     def apply(self, pool: ExecutorPool) -> None:
-        routes = self.file.read_if_changed() if self.file else None
+        now = time.monotonic()
+        if self.file is None or now < self._next:
+            return
+        self._next = now + self.every_s
+        routes = self.file.read_if_changed()
         if routes is not None:
             pool.update(routes)
 

@@ -127,6 +127,11 @@ class AdminClient:
     def get_device(self, device: str) -> dict[str, Any]:
         return self._object("GET", self._paths.device(device))
 
+    def set_labels(self, labels: Mapping[str, Mapping[str, str]]) -> list[dict[str, Any]]:
+        """The operator's labels for each device named (replacing theirs); the devices."""
+        body = {"devices": {d: dict(v) for d, v in labels.items()}}
+        return self._list("POST", self._paths.fleet_labels(), "devices", body=body)
+
     # -- publishing and assignments --------------------------------------------
 
     def latest_manifest(self, name: str) -> dict[str, Any] | None:
@@ -177,8 +182,8 @@ class AdminClient:
             raise AdminApiError(f"the CDN at {self.url} answered {path} with no JSON object")
         return answer
 
-    def _list(self, method: str, path: str, key: str) -> list[dict[str, Any]]:
-        items = self._object(method, path).get(key)
+    def _list(self, method: str, path: str, key: str, body: Any = None) -> list[dict[str, Any]]:
+        items = self._object(method, path, body=body).get(key)
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise AdminApiError(f"the CDN at {self.url} answered {path} without a {key!r} list")
         return items

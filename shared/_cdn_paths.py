@@ -61,6 +61,17 @@ class CdnPaths:
         "rollout": "/v1/rollouts/{rollout_id}",
         "rollout_command": "/v1/rollouts/{rollout_id}/{command}",
         "root": "/v1/roots/{version}.root.json",
+        "fleet_labels": "/v1/fleet/labels",  # POST: the operator's labels of devices
+        # the fleet console (model_cdn/console/console.js writes the same paths)
+        "console": "/console",
+        "console_page": "/console/",
+        "console_asset": "/console/{asset}",
+        "console_whoami": "/console/api/whoami",
+        "console_overview": "/console/api/overview",
+        "console_devices": "/console/api/devices",
+        "console_rollout": "/console/api/rollouts/{rollout_id}",
+        "console_model": "/console/api/models/{name}",
+        "console_command": "/console/api/rollouts/{rollout_id}/{command}",
     }
 
     def __post_init__(self) -> None:
@@ -91,6 +102,9 @@ class CdnPaths:
 
     def devices(self) -> str:
         return f"{self.base}/v1/devices"
+
+    def fleet_labels(self) -> str:
+        return f"{self.base}{self.ROUTES['fleet_labels']}"
 
     def device(self, device: str) -> str:
         return f"{self.base}/v1/devices/{validate_name(device, 'device id')}"

@@ -17,11 +17,10 @@ import types
 import pytest
 
 import shared
-from edge_agent import EdgeError
-from shared import TandemError
-
 from cloud_hub import HubError
+from edge_agent import EdgeError
 from model_cdn import CdnError
+from shared import TandemError
 
 TREES = [
     ("shared", TandemError),

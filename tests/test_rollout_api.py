@@ -59,6 +59,9 @@ def api(tmp_path: Path) -> Iterator[Api]:
             )
         )
     controller.step()
+    controller.set_labels(
+        {f"cam-{i}": {"site": "a" if i < 6 else "b", "hw": "npu"} for i in range(10)}
+    )
     keys_file = tmp_path / "keys.json"
     ApiKeyFile(keys_file).add(generate_api_key(["models:read"])[1])
     app = create_app(

@@ -55,9 +55,12 @@ class Fleet:
         self.link = RecordingLink()
         self.controller = self._controller()
         self.running: dict[str, int] = {}
+        inventory = {}  # the operator's labels: what a rollout targets
         for i in range(devices):
-            self.heartbeat(f"dev-{i:03d}", 1, labels=labels or {"site": "a" if i % 2 else "b"})
+            inventory[f"dev-{i:03d}"] = labels or {"site": "a" if i % 2 else "b"}
+            self.heartbeat(f"dev-{i:03d}", 1, labels=inventory[f"dev-{i:03d}"])
         self.controller.step()
+        self.controller.set_labels(inventory)
 
     def _controller(self) -> RolloutController:
         publisher = AssignmentPublisher(self.link, key=self.key)
@@ -186,18 +189,34 @@ def test_failures_halt_the_wave_even_when_two_waves_report_at_once(fleet: Fleet)
 
 
 def test_agreement_drop_on_the_new_version_halts(fleet: Fleet) -> None:
-    fleet.start(max_agreement_drop=0.05, min_health_samples=100, waves="50%,100%", soak_s=0)
+    fleet.start(
+        max_agreement_drop=0.05, min_health_samples=100, waves="50%,100%", soak_s=10, looks=1
+    )
     sent = fleet.take()
     fleet.install_all(sent)
     new = {d for d, _v, _rb in sent}
-    for device, version in fleet.running.items():
-        bad = device in new
-        fleet.heartbeat(device, version, requests=200, agreed_share=0.6 if bad else 0.97)
-    status = fleet.advance(1)
-    assert status["state"] == "halted"
-    assert "health gate: agreement" in status["reason"]
-    assert status["health"]["2"]["agreement"] == pytest.approx(0.6, abs=0.01)
+    for requests in (1000, 2000):  # control devices count from their first heartbeat
+        for device, version in fleet.running.items():
+            bad = device in new
+            fleet.heartbeat(device, version, requests=requests, agreed_share=0.6 if bad else 0.97)
+        fleet.advance(1)
+    status = fleet.advance(9)
+    assert status["state"] == "halted", (status["waiting"], status["gates"])
+    assert "health gate: agreement drop" in status["reason"]
+    [judgement] = status["gates"]["judgements"]
+    assert judgement["new"]["estimate"] == pytest.approx(0.6, abs=0.01)
+    assert judgement["control"]["devices"] == len(new) == 10
     assert fleet.take() == []
+
+
+def test_a_heartbeats_labels_do_not_move_a_device_into_a_target(fleet: Fleet) -> None:
+    fleet.heartbeat("dev-000", 1, labels={"site": "a"})  # the operator said site b
+    fleet.controller.step()
+    record = fleet.controller.device("dev-000")
+    assert record is not None and record.labels == {"site": "b"}
+    status = fleet.start(target={"site": "a"}, waves="100%")
+    assert status["counts"]["total"] == 10
+    assert "dev-000" not in {d for d, _v, _rb in fleet.take()}
 
 
 def test_pause_holds_new_devices_and_resume_sends_them(fleet: Fleet) -> None:

@@ -205,8 +205,9 @@ def test_the_new_versions_agreement_drop_halts_on_telemetry(cdn: Cdn) -> None:
         halted = cdn.wait_state(status["id"], TERMINAL, 60)
         assert halted["state"] == "halted" and halted["wave"] == 0, halted
         assert "health gate: agreement" in halted["reason"]
-        health = halted["health"]
-        assert health["2"]["agreement"] < health["1"]["agreement"] - 0.1
+        [agreement] = halted["gates"]["judgements"]
+        assert agreement["verdict"] == "fail" and agreement["lower"] > 0.1
+        assert agreement["new"]["estimate"] < agreement["control"]["estimate"] - 0.1
 
 
 def test_an_offline_device_catches_up_when_it_reconnects(cdn: Cdn) -> None:

@@ -17,7 +17,6 @@ import model_cdn.rollout as rollout_pkg
 from model_cdn.rollout import (
     Assign,
     DeviceStatus,
-    HealthMetrics,
     Notify,
     Rollout,
     RolloutSpec,
@@ -203,47 +202,177 @@ def test_reports_of_two_waves_at_once_count_together() -> None:
     assert r.failure_rate == pytest.approx(0.1)
 
 
+class _Traffic:
+    """Cumulative counters per device, fed to the rollout as heartbeats."""
+
+    def __init__(self, r: Rollout) -> None:
+        self.r = r
+        self.counts: dict[str, list[int]] = {}
+
+    def beat(
+        self,
+        devices: list[str],
+        version: int,
+        now: float,
+        *,
+        n: int = 100,
+        agreement: float = 0.97,
+        errors: float = 0.0,
+        offloads: float = 1.0,
+        p99: float = 10.0,
+    ) -> None:
+        for i, d in enumerate(devices):
+            c = self.counts.setdefault(d, [0, 0, 0, 0])
+            jitter = (i % 3) - 1  # devices differ a little: the variance is not zero
+            c[0] += n
+            c[1] += round(errors * n)
+            c[2] += round(offloads * n)
+            c[3] += min(n, max(0, round(agreement * n) + jitter))
+            report = {
+                "version": version,
+                "requests": c[0],
+                "errors": c[1],
+                "offloads": c[2],
+                "agreement_samples": c[0],
+                "agreed": c[3],
+                "p99_ms": p99 * (1 + 0.01 * jitter),
+            }
+            self.r.telemetry(d, report, now)
+
+
+def _gated(waves: str = "25%,all", **kw: Any) -> RolloutSpec:
+    gates: dict[str, Any] = {
+        "max_agreement_drop": 0.02,
+        "min_health_samples": 50,
+        "soak_s": 10.0,
+        "looks": 3,
+        "max_soak_s": 30.0,
+        **kw,
+    }
+    return _spec(waves, **gates)
+
+
+def _cohorts(r: Rollout) -> tuple[list[str], list[str]]:
+    book = r.health.book
+    assert book is not None
+    return book.members("new"), book.members("control")
+
+
+def test_the_control_cohort_matches_the_new_one_and_is_never_assigned() -> None:
+    fleet = {f"dev-{i:03d}": {"region": "eu", "hw": "npu" if i % 4 else "cpu"} for i in range(40)}
+    fleet.update({f"us-{i}": {"region": "us", "hw": "cpu"} for i in range(5)})
+    r = Rollout(_gated())
+    wave0 = _assigned(r.start(fleet, now=0))
+    new, control = _cohorts(r)
+    assert sorted(new) == sorted(wave0) and len(control) == len(new) == 10
+    assert not set(control) & set(r.devices)  # kept on the previous version
+    assert Counter(fleet[d]["hw"] for d in control) == Counter(fleet[d]["hw"] for d in new)
+    assert all(fleet[d]["region"] == "eu" for d in control)  # the rest of the target first
+    r.check_invariants()
+
+
 def test_health_gate_halts_when_agreement_drops_beyond_margin() -> None:
-    r = Rollout(_spec("10%,all", max_agreement_drop=0.02, min_health_samples=100))
-    wave0 = _assigned(r.start(_fleet(20), now=0))
-    _install_all(r, wave0, 1)
-    assert r.tick(100) == []  # enabled health gate: no data yet, no next wave
-    r.health(1, {"samples": 5000, "agreement": 0.95})
-    r.health(2, HealthMetrics(samples=50, agreement=0.80))
-    assert r.state is RolloutState.RUNNING  # too few samples to judge
-    acts = r.health(2, {"samples": 400, "agreement": 0.92})
-    assert acts == [
-        Notify(RolloutState.HALTED, 0, "health gate: agreement 0.95 → 0.92 (margin 0.02)")
-    ]
+    r = Rollout(_gated())
+    t = _Traffic(r)
+    _install_all(r, _assigned(r.start(_fleet(40), now=0)), 1)
+    new, control = _cohorts(r)
+    assert r.tick(5) == [] and r.health.state == "waiting"  # before the first look
+    for now in range(2, 11):
+        t.beat(new, 2, now, agreement=0.80)
+        t.beat(control, 1, now, agreement=0.97)
+    [halt] = r.tick(10)
+    assert isinstance(halt, Notify) and halt.state is RolloutState.HALTED
+    assert halt.reason.startswith("health gate: agreement drop")
+    assert "10 vs 10 devices" in halt.reason
+    [j] = r.health.judgements
+    assert j["verdict"] == "fail" and j["lower"] > 0.02
     assert r.tick(200) == [] and r.wave == 0
 
 
-def test_health_within_margin_lets_the_wave_advance() -> None:
-    r = Rollout(_spec("10%,all", max_agreement_drop=0.02, max_p99_latency_ratio=1.5))
-    wave0 = _assigned(r.start(_fleet(20), now=0))
-    _install_all(r, wave0, 1)
-    r.health(1, {"samples": 500, "agreement": 0.95, "p99_latency_ms": 20.0})
-    r.health(2, {"samples": 500, "agreement": 0.94, "p99_latency_ms": 25.0})
-    r.health(7, {"samples": 500, "agreement": 0.10})  # another version: not ours
-    assert len(_assigned(r.tick(60))) == 18
+def test_health_within_margin_lets_the_wave_advance_at_a_look() -> None:
+    r = Rollout(_gated(max_p99_latency_ratio=1.5))
+    t = _Traffic(r)
+    _install_all(r, _assigned(r.start(_fleet(40), now=0)), 1)
+    new, control = _cohorts(r)
+    for now in range(2, 11):
+        t.beat(new, 2, now, agreement=0.965, p99=11.0)
+        t.beat(control, 1, now, agreement=0.97, p99=10.0)
+        t.beat(["us-0"], 7, now, agreement=0.1)  # another version, another device: not ours
+    assert len(_assigned(r.tick(10))) == 30
+    assert r.health.looks_done == 0  # the next wave's looks begin afresh
 
 
 @pytest.mark.parametrize(
     ("gate", "old", "new"),
     [
-        ({"max_error_rate_increase": 0.01}, {"error_rate": 0.01}, {"error_rate": 0.03}),
-        ({"max_p99_latency_ratio": 1.2}, {"p99_latency_ms": 10.0}, {"p99_latency_ms": 13.0}),
-        ({"max_offload_rate_increase": 0.05}, {"offload_rate": 0.1}, {"offload_rate": 0.2}),
+        ({"max_error_rate_increase": 0.01}, {"errors": 0.01}, {"errors": 0.2}),
+        ({"max_p99_latency_ratio": 1.2}, {"p99": 10.0}, {"p99": 20.0}),
+        ({"max_offload_rate_increase": 0.05}, {"offloads": 0.1}, {"offloads": 0.5}),
     ],
 )
 def test_each_health_gate_halts(
     gate: dict[str, Any], old: dict[str, float], new: dict[str, float]
 ) -> None:
-    r = Rollout(_spec(**gate, min_health_samples=1))
-    r.start(_fleet(20), now=0)
-    r.health(1, {"samples": 10, **old})
-    r.health(2, {"samples": 10, **new})
-    assert r.state is RolloutState.HALTED and r.reason.startswith("health gate")
+    r = Rollout(_gated(**{"max_agreement_drop": None, **gate}))
+    t = _Traffic(r)
+    _install_all(r, _assigned(r.start(_fleet(40), now=0)), 1)
+    new_devices, control = _cohorts(r)
+    for now in range(2, 11):
+        t.beat(new_devices, 2, now, **new)
+        t.beat(control, 1, now, **old)
+    r.tick(10)
+    assert r.state is RolloutState.HALTED and r.reason.startswith("health gate"), r.reason
+
+
+def test_a_wave_still_inconclusive_at_its_last_look_halts() -> None:
+    r = Rollout(_gated(min_health_samples=10**6))
+    t = _Traffic(r)
+    _install_all(r, _assigned(r.start(_fleet(40), now=0)), 1)
+    new, control = _cohorts(r)
+    for now in (10, 20):
+        t.beat(new, 2, now)
+        t.beat(control, 1, now)
+        assert r.tick(now) == []
+        assert any("health inconclusive" in w for w in r.waiting(now))
+    [halt] = r.tick(30)
+    assert halt.state is RolloutState.HALTED
+    assert halt.reason.startswith("health gate inconclusive after 3 looks")
+
+
+def test_telemetry_naming_another_version_than_expected_is_not_evidence() -> None:
+    r = Rollout(_gated())
+    t = _Traffic(r)
+    _install_all(r, _assigned(r.start(_fleet(40), now=0)), 1)
+    new, control = _cohorts(r)
+    for now in range(2, 11):
+        t.beat(control, 2, now, agreement=0.5)  # controls claiming the new version
+        t.beat(new, 1, now, agreement=0.5)  # and new ones claiming the old
+    assert r.tick(10) == []
+    [j] = r.health.judgements
+    assert j["new"]["devices"] == j["control"]["devices"] == 0
+    assert r.health.view()["mismatched_reports"] == 2 * 10 * 9
+
+
+def test_resume_waives_the_health_of_the_halted_wave_only() -> None:
+    r = Rollout(_gated("10%,50%,all"))
+    t = _Traffic(r)
+    _install_all(r, _assigned(r.start(_fleet(40), now=0)), 1)
+    new, control = _cohorts(r)
+    for now in range(2, 11):
+        t.beat(new, 2, now, agreement=0.8)
+        t.beat(control, 1, now)
+    r.tick(10)
+    assert r.state is RolloutState.HALTED
+    r.resume(11)  # the operator accepts the drop
+    wave1 = _assigned(r.tick(12))
+    assert len(wave1) == 16 and r.health.state == "waiting"  # the next wave is judged again
+    _install_all(r, wave1, 13)
+    new, control = _cohorts(r)
+    for now in range(14, 23):
+        t.beat(new, 2, now, agreement=0.8)
+        t.beat(control, 1, now)
+    r.tick(22)
+    assert r.state is RolloutState.HALTED and r.wave == 1
 
 
 def test_device_timeout_counts_as_failure() -> None:
@@ -387,15 +516,15 @@ def test_rollback_skips_devices_never_assigned() -> None:
 
 
 def test_to_dict_round_trip_mid_rollout_continues_identically() -> None:
-    a = Rollout(_spec(max_agreement_drop=0.05, min_health_samples=1))
+    a = Rollout(_gated(min_health_samples=1))
     wave0 = _assigned(a.start(_fleet(20), now=0))
     a.report(wave0[0], "installed", 2, 1)
-    a.health(1, {"samples": 3, "agreement": 0.9})
+    _Traffic(a).beat(_cohorts(a)[1], 1, 1.5)
     b = _roundtrip(a)
     assert b.to_dict() == a.to_dict()
     for r in (a, b):
         r.report(wave0[1], "installed", 2, 2)
-        r.health(2, {"samples": 3, "agreement": 0.88})
+        _Traffic(r).beat(_cohorts(r)[0], 2, 2.5, agreement=0.88)
     assert a.tick(60) == b.tick(60)
     assert a.to_dict() == b.to_dict()
     with pytest.raises(ValueError, match="format"):
@@ -423,7 +552,8 @@ def test_a_snapshot_persisted_by_an_earlier_release_loads_and_goes_on() -> None:
     r = Rollout.from_dict(_EARLIER_SNAPSHOT)
     assert r.state is RolloutState.HALTED
     assert r.devices["d"].status is DeviceStatus.FAILED
-    assert json.loads(json.dumps(r.to_dict())) == _EARLIER_SNAPSHOT
+    again = json.loads(json.dumps(r.to_dict()))  # written in today's format
+    assert again["format"] == 2 and Rollout.from_dict(again).to_dict() == r.to_dict()
     r.resume(3)
     assert sorted(_assigned(r.tick(4))) == ["b", "c"]
     _install_all(r, ["b", "c"], 5)
@@ -476,7 +606,7 @@ _report = st.tuples(
 _tick = st.tuples(st.just("tick"))
 # Reports and ticks are drawn more often than commands so that runs get past wave 0.
 _health = st.tuples(
-    st.just("health"), st.sampled_from([1, 2]), st.floats(0.9, 1.0), st.integers(3, 30)
+    st.just("beat"), st.integers(0, 40), st.sampled_from([1, 2]), st.integers(0, 30)
 )
 _command = st.sampled_from(["start", "pause", "resume", "abort", "rollback"]).map(lambda c: (c,))
 _join = st.tuples(st.just("join"), st.sampled_from(_DEVICES), st.booleans())
@@ -496,6 +626,8 @@ def _prop_spec() -> RolloutSpec:
         device_timeout_s=60.0,
         max_agreement_drop=0.05,
         min_health_samples=5,
+        looks=3,
+        max_soak_s=30.0,
     )
 
 
@@ -516,8 +648,12 @@ def _apply(r: Rollout, event: tuple[Any, ...], now: float) -> Any:
             return r.device_joined(event[1], {"region": "eu" if event[2] else "us"}, now)
         if kind == "report":
             return r.report(event[1], event[2], event[3], now)
-        if kind == "health":
-            return r.health(event[1], {"samples": event[3], "agreement": event[2]})
+        if kind == "beat":
+            names = sorted(r.labels)
+            device = names[event[1] % len(names)] if names else "stranger"
+            report = {"version": event[2], "requests": event[3], "offloads": event[3]}
+            report.update(agreement_samples=event[3], agreed=event[3] * 9 // 10)
+            return r.telemetry(device, report, now)
         if kind == "tick":
             return r.tick(now)
         if kind in ("pause", "abort"):
@@ -569,18 +705,3 @@ def test_invariants_hold_and_snapshots_resume_identically(
         assert json.loads(json.dumps(a.to_dict())) == a.to_dict()
     if b is not None:
         assert b.to_dict() == a.to_dict()
-
-
-def test_resume_waives_a_tripped_health_gate_but_not_missing_data() -> None:
-    r = Rollout(_spec("10%,all", max_agreement_drop=0.02, min_health_samples=1))
-    _install_all(r, _assigned(r.start(_fleet(20), now=0)), 1)
-    r.pause()
-    r.resume(2)
-    assert r.tick(100) == []  # no health data yet: still waiting
-    r.health(1, {"samples": 9, "agreement": 0.95})
-    r.health(2, {"samples": 9, "agreement": 0.90})
-    assert r.state is RolloutState.HALTED
-    r.resume(101)  # the operator accepts the drop
-    assert len(_assigned(r.tick(102))) == 18
-    r.health(2, {"samples": 20, "agreement": 0.85})  # new data trips it again
-    assert r.state is RolloutState.HALTED

@@ -106,6 +106,9 @@ def test_real_devices_take_a_staged_rollout_of_their_target_only(
                 return list(http.get("/v1/devices").json()["devices"])
 
             wait_until(lambda: len(known()) == len(SITES), 30, "every device's heartbeat")
+            # the operator's labels: what a rollout targets (a heartbeat's are only claims)
+            inventory = {d: {"site": site} for d, site in SITES.items()}
+            assert http.post("/v1/fleet/labels", json={"devices": inventory}).status_code == 200
             north = [d for d in known() if d["labels"] == {"site": "north"}]
             assert len(north) == 3 and all(d["models"] == {MODEL: 1} for d in north)
             created = http.post(

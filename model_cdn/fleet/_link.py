@@ -4,7 +4,10 @@
 (QoS 0) topic, parses each message with the bounded decoders in ``shared``
 and hands typed events to ``on_event`` from paho's network thread (the
 controller only queues them). A message whose payload names another device
-than its topic is refused: a device may only speak for itself. Bad payloads
+than its topic is refused: a device may only speak for itself. A retained
+message is dropped (``stale``): the broker stored it some time ago, so it
+says nothing about the device now (a heartbeat retained 30 days ago must
+not count as seen today when the link starts). Bad payloads
 are counted and logged at debug level, never raised into paho. Without
 ``on_event`` the link only publishes (it subscribes to nothing).
 
@@ -58,6 +61,7 @@ class LinkStats:
     reports: int = 0
     statuses: int = 0
     rejected: int = 0
+    stale: int = 0  # retained reports, dropped
     published: int = 0
     acked: int = 0
 
@@ -207,6 +211,11 @@ class FleetLink:
         if self.on_event is None or not topic.startswith(self._status_head):
             return
         device, _, leaf = topic[len(self._status_head) :].partition("/")
+        if getattr(message, "retain", False):
+            with self._lock:
+                self.stats.stale += 1
+            log.debug("ignored a retained %s message on %s", leaf, topic)
+            return
         try:
             event: FleetEvent
             if leaf == "telemetry":

@@ -2,37 +2,52 @@
 
 Pure: no I/O, no clock (``now`` comes in). ``FleetView`` keeps one
 ``DeviceRecord`` per device id, folding in telemetry (``DeviceReport``:
-labels, capabilities, the edge model serving and its counters) and update
-status reports (``UpdateStatus``: the version running after an update). It
+capabilities, the edge model serving and its counters) and update status
+reports (``UpdateStatus``: the version running after an update). It
 remembers which records changed since the last ``take_dirty()`` so the
 controller writes only those to the registry, in one batch.
 
-Health per model version (what a rollout's health gates compare) aggregates
-the latest report of every device whose edge model is ``model@version`` and
-that reported within ``max_age_s``:
+What a device says about itself is a claim; what the view believes (issue:
+one device must not be able to forge the fleet's health):
 
-- ``samples``: requests counted since the version started serving, summed;
-- ``error_rate``: errors / requests; ``offload_rate``: offloads / requests;
-- ``agreement``: edge-cloud agreements / compared samples;
-- ``p99_latency_ms``: the median over devices of their p99 (one slow device
-  does not decide, a slow version does).
+- **labels** (and so a device's site) are the operator's: set with
+  ``set_labels`` (``tandem fleet label``, the admin API) or stored in the
+  registry. A heartbeat's labels are kept as ``claimed_labels`` for people to
+  compare, never used to target; only with ``trust_claimed_labels`` (a lab
+  fleet without an inventory) does a device's first claim become its labels;
+- **versions** come from update reports; a heartbeat's version is taken only
+  for a device the view has no version of yet, else it must match (a
+  mismatch is shown as ``version_unverified``, and the rollout controller
+  confirms a version only where it assigned it);
+- **freshness**: the fleet link drops retained heartbeats before they get
+  here (a retained message was stored on the broker some time ago: it says
+  nothing about now); with ``stale_after_s`` set, a heartbeat dated more than
+  that before it arrived is stale too and changes nothing (off by default:
+  devices without a real-time clock date their reports from 1970).
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from shared import DeviceReport, UpdateState, UpdateStatus
 
 from ..registry import DeviceRecord
-from ..rollout import HealthMetrics
 
-__all__ = ["FleetView", "device_view", "label_filter"]
+__all__ = ["FleetView", "Heard", "device_view", "label_filter", "label_map"]
 
 DEFAULT_ONLINE_S = 60.0  # a device that reported within this is online
+
+
+@dataclass(frozen=True)
+class Heard:
+    """What one heartbeat did: the device's record, whether it is new, whether it counted."""
+
+    record: DeviceRecord | None  # None: a stale heartbeat of a device never heard before
+    new: bool
+    fresh: bool
 
 
 def label_filter(selectors: Iterable[str]) -> dict[str, str]:
@@ -46,27 +61,64 @@ def label_filter(selectors: Iterable[str]) -> dict[str, str]:
     return out
 
 
+def label_map(body: object) -> dict[str, dict[str, str]]:
+    """``{"devices": {id: {name: value}}}`` checked (``ValueError`` naming the problem)."""
+    from shared import DeviceReport, validate_name
+
+    devices = body.get("devices") if isinstance(body, Mapping) else None
+    if not isinstance(devices, Mapping) or not devices:
+        raise ValueError('the body is {"devices": {"<device id>": {"<label>": "<value>"}}}')
+    out: dict[str, dict[str, str]] = {}
+    for device, labels in devices.items():
+        validate_name(device, "device id")
+        if not isinstance(labels, Mapping) or len(labels) > DeviceReport.MAX_ENTRIES:
+            raise ValueError(
+                f"labels of {device}: an object of at most {DeviceReport.MAX_ENTRIES} entries"
+            )
+        for k, v in labels.items():
+            if not isinstance(k, str) or not isinstance(v, str) or not k:
+                raise ValueError(f"labels of {device}: names and values are text")
+            if len(k) > DeviceReport.MAX_TEXT or len(v) > DeviceReport.MAX_TEXT:
+                raise ValueError(f"labels of {device}: at most {DeviceReport.MAX_TEXT} characters")
+        out[device] = dict(labels)
+    return out
+
+
 def device_view(
     record: DeviceRecord, now: float, online_s: float = DEFAULT_ONLINE_S
 ) -> dict[str, Any]:
     """The JSON the admin API returns for one device."""
+    t = record.telemetry or {}
+    claimed = t.get("labels") if isinstance(t.get("labels"), dict) else None
     return {
         "device": record.device,
         "labels": dict(record.labels),
+        "claimed_labels": claimed,
+        "labels_differ": claimed is not None and claimed != dict(record.labels),
+        "version_unverified": bool(t.get("version_unverified")),
         "capabilities": dict(record.capabilities),
         "models": dict(record.models),
         "first_seen": record.first_seen,
         "last_seen": record.last_seen,
-        "online": now - record.last_seen <= online_s,
+        "online": record.last_seen > 0 and now - record.last_seen <= online_s,
         "telemetry": record.telemetry,
     }
 
 
 class FleetView:
-    """Every device seen, by id; see the module docstring."""
+    """Every device seen or labelled, by id; see the module docstring."""
 
-    def __init__(self, records: Iterable[DeviceRecord] = ()) -> None:
+    def __init__(
+        self,
+        records: Iterable[DeviceRecord] = (),
+        *,
+        trust_claimed_labels: bool = False,
+        stale_after_s: float | None = None,
+    ) -> None:
         self.devices: dict[str, DeviceRecord] = {r.device: r for r in records}
+        self.trust_claimed_labels = trust_claimed_labels
+        self.stale_after_s = stale_after_s
+        self.stale = 0  # heartbeats that arrived too old to count
         self._dirty: set[str] = set()
 
     def __len__(self) -> int:
@@ -74,23 +126,35 @@ class FleetView:
 
     # ------------------------------------------------------------------ events
 
-    def observe_report(self, report: DeviceReport, now: float) -> tuple[DeviceRecord, bool]:
-        """Fold in a heartbeat; returns the record and whether the device is new."""
+    def observe_report(self, report: DeviceReport, now: float) -> Heard:
+        """Fold in a heartbeat heard at ``now`` (see the module docstring)."""
         old = self.devices.get(report.device)
+        if self.stale_after_s is not None and now - report.at > self.stale_after_s:
+            self.stale += 1
+            return Heard(old, False, False)
         models = dict(old.models) if old else {}
+        telemetry: dict[str, Any] = {**report.to_dict(), "received_at": now}
         if report.model is not None and report.version is not None:
-            models[report.model] = report.version
+            known = models.get(report.model)
+            if known is None:
+                models[report.model] = report.version
+            elif known != report.version:
+                telemetry["version_unverified"] = True
+        if old is not None:
+            labels = dict(old.labels)
+        else:
+            labels = dict(report.labels) if self.trust_claimed_labels else {}
         record = DeviceRecord(
             device=report.device,
-            labels=dict(report.labels),
+            labels=labels,
             capabilities=dict(report.capabilities),
             models=models,
             first_seen=old.first_seen if old else now,
             last_seen=now,
-            telemetry={**report.to_dict(), "received_at": now},
+            telemetry=telemetry,
         )
         self._put(record)
-        return record, old is None
+        return Heard(record, old is None, True)
 
     def observe_status(self, status: UpdateStatus, now: float) -> tuple[DeviceRecord, bool]:
         """Fold in an update report (the running version); returns (record, is new)."""
@@ -115,6 +179,35 @@ class FleetView:
             record = replace(old, models=models, last_seen=now)
         self._put(record)
         return record, old is None
+
+    def confirm_version(self, device: str, model: str, version: int) -> None:
+        """The server knows ``device`` runs ``model@version`` (it assigned it, the device
+        runs it): what a lost update report would have said."""
+        old = self.devices.get(device)
+        if old is None or old.models.get(model) == version:
+            return
+        telemetry = dict(old.telemetry or {})
+        telemetry.pop("version_unverified", None)
+        self._put(replace(old, models={**old.models, model: version}, telemetry=telemetry))
+
+    def set_labels(self, device: str, labels: Mapping[str, str], now: float) -> DeviceRecord:
+        """The operator's labels for ``device`` (replacing any); a device not heard of yet
+        gets a record that says so (``last_seen`` 0)."""
+        old = self.devices.get(device)
+        if old is None:
+            record = DeviceRecord(
+                device=device,
+                labels=dict(labels),
+                capabilities={},
+                models={},
+                first_seen=now,
+                last_seen=0.0,
+                telemetry=None,
+            )
+        else:
+            record = replace(old, labels=dict(labels))
+        self._put(record)
+        return record
 
     def take_dirty(self) -> list[DeviceRecord]:
         """The records changed since the last call (for one batched registry write)."""
@@ -144,31 +237,6 @@ class FleetView:
                 continue
             out.append(r)
         return out
-
-    def health(self, model: str, version: int, now: float, max_age_s: float) -> HealthMetrics:
-        """Aggregated health of ``model@version`` (module docstring); zero samples if none."""
-        requests = errors = offloads = compared = agreed = 0
-        p99s: list[float] = []
-        for r in self.devices.values():
-            t = r.telemetry
-            if not t or t.get("model") != model or t.get("version") != version:
-                continue
-            if now - float(t.get("received_at", r.last_seen)) > max_age_s:
-                continue
-            requests += int(t.get("requests") or 0)
-            errors += int(t.get("errors") or 0)
-            offloads += int(t.get("offloads") or 0)
-            compared += int(t.get("agreement_samples") or 0)
-            agreed += int(t.get("agreed") or 0)
-            if t.get("p99_ms") is not None:
-                p99s.append(float(t["p99_ms"]))
-        return HealthMetrics(
-            samples=requests,
-            error_rate=errors / requests if requests else None,
-            offload_rate=offloads / requests if requests else None,
-            agreement=agreed / compared if compared else None,
-            p99_latency_ms=statistics.median(p99s) if p99s else None,
-        )
 
     def _put(self, record: DeviceRecord) -> None:
         self.devices[record.device] = record

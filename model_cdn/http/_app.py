@@ -26,6 +26,7 @@ from ..store import BlobStore
 from ._assignments import add_assignment_routes
 from ._auth import CdnAuth, Guards
 from ._blobs import add_blob_routes
+from ._console import add_console_routes
 from ._errors import install_error_handlers
 from ._health import add_health_routes, new_metrics
 from ._models import add_model_routes
@@ -86,13 +87,15 @@ def create_app(
     app.state.registry, app.state.store = registry, store
     app.state.metrics, app.state.publisher = metrics, publisher
     install_error_handlers(app)
-    guards = Guards.of(CdnAuth(admin_token=admin_token, read_token=read_token, api_keys=api_keys))
+    auth = CdnAuth(admin_token=admin_token, read_token=read_token, api_keys=api_keys)
+    guards = Guards.of(auth)
     keys = list(trusted_keys) if trusted_keys else None
     add_health_routes(app, metrics)
     add_model_routes(app, registry, store, metrics, keys, guards)
     add_blob_routes(app, store, metrics, max_blob_bytes, guards)
     add_assignment_routes(app, registry, publisher, keys, guards)
     add_rollout_routes(app, controller, registry, guards)
+    add_console_routes(app, auth, controller, registry)
     add_root_routes(app, trust_dir, guards)
     return app
 

@@ -8,6 +8,7 @@
     POST rollout_command           pause | resume | abort | rollback
     GET  devices                   ?label=k=v&model=m&version=n
     GET  device                    one device
+    POST fleet_labels              the operator's labels: {"devices": {id: {k: v}}}
 
 (route names are keys of ``shared.CdnPaths.ROUTES``). Every route needs the
 admin token or an API key with ``rollout:admin``. The rollout routes answer
@@ -26,7 +27,7 @@ from starlette.concurrency import run_in_threadpool
 
 from shared import CdnPaths
 
-from ..fleet._view import FleetView, device_view, label_filter
+from ..fleet._view import FleetView, device_view, label_filter, label_map
 from ..registry import Registry
 from ..registry._rows import check_name
 from ._auth import Guards
@@ -92,6 +93,20 @@ class _RolloutRoutes:
             records = FleetView(self.registry.list_devices()).select(labels, model, version)
         return {"devices": [device_view(r, now) for r in records]}
 
+    async def set_labels(self, request: Request) -> dict[str, Any]:
+        try:
+            labels = label_map(await read_json(request))
+        except ValueError as e:
+            raise HttpError(400, str(e)) from e
+        now = time.time()
+        if self.controller is not None:
+            records = await run_in_threadpool(self.controller.set_labels, labels)
+        else:
+            fleet = FleetView(self.registry.list_devices())
+            records = [fleet.set_labels(d, v, now) for d, v in labels.items()]
+            await run_in_threadpool(self.registry.upsert_devices, records)
+        return {"devices": [device_view(r, now) for r in records]}
+
     def get_device(self, device: str) -> dict[str, Any]:
         check_name(device, "device id")
         record = self.controller.device(device) if self.controller is not None else None
@@ -118,3 +133,4 @@ def add_rollout_routes(
     add(ROUTES["rollout_command"], routes.rollout_command, methods=["POST"], dependencies=need)
     add(ROUTES["devices"], routes.list_devices, methods=["GET"], dependencies=need)
     add(ROUTES["device"], routes.get_device, methods=["GET"], dependencies=need)
+    add(ROUTES["fleet_labels"], routes.set_labels, methods=["POST"], dependencies=need)

@@ -5,12 +5,14 @@ owns the time-driven part; every change happens under one lock:
 
 - events (``submit``): device heartbeats (``DeviceReport``) and update reports
   (``UpdateStatus``) arrive from the fleet link's network thread and are
-  queued; the worker folds them into the ``FleetView`` and feeds them to the
-  rollouts of that model (new devices join a running rollout's current wave;
-  a heartbeat showing the new version counts as installed, which also
-  recovers a report lost while the server was down);
-- every ``tick_s``: health metrics (new vs previous version, from telemetry)
-  go to health-gated rollouts, then ``tick`` (timeouts, next wave, completion);
+  queued; the worker folds them into the ``FleetView`` (which believes labels
+  only from the operator) and feeds them to the rollouts of that model (new
+  devices join a running rollout's current wave; a heartbeat showing the
+  version the rollout assigned counts as installed, which also recovers a
+  report lost while the server was down; every heartbeat goes to the
+  rollout's health judgement, which counts it only for a device of the
+  wave's cohorts);
+- every ``tick_s``: ``tick`` (timeouts, health looks, next wave, completion);
 - commands (``create``, ``pause``, ``resume``, ``abort``, ``rollback``) come
   from the admin API's threads and act at once.
 
@@ -109,7 +111,7 @@ class RolloutController:
         clock: Callable[[], float] = time.time,
         tick_s: float = 0.5,
         flush_s: float = 1.0,
-        health_max_age_s: float = 120.0,
+        trust_claimed_labels: bool = False,
         assignment_ttl_days: float = 30,
         lease: LeaderLease | None = None,
         command_timeout_s: float = 15.0,
@@ -118,14 +120,13 @@ class RolloutController:
             raise ValueError("the rollout controller signs assignments: give the publisher a key")
         self.registry, self.publisher = registry, publisher
         self.clock, self.tick_s, self.flush_s = clock, tick_s, flush_s
-        self.health_max_age_s = health_max_age_s
         self.assignment_ttl_days = assignment_ttl_days
         self.lease = lease
         self.commands = CommandQueue(registry, timeout_s=command_timeout_s)
         self.outbox = RolloutOutbox(
             registry, publisher, lease, clock=clock, assignment_ttl_days=assignment_ttl_days
         )
-        self.fleet = FleetView(registry.list_devices())
+        self.fleet = FleetView(registry.list_devices(), trust_claimed_labels=trust_claimed_labels)
         self._entries: dict[str, RolloutEntry] = {}
         self._lock = threading.RLock()
         self._events: queue.SimpleQueue[DeviceReport | UpdateStatus] = queue.SimpleQueue()
@@ -291,6 +292,16 @@ class RolloutController:
         with self._lock:
             return self.fleet.devices.get(device)
 
+    def set_labels(self, labels: Mapping[str, Mapping[str, str]]) -> list[DeviceRecord]:
+        """The operator's labels for each device named (replacing theirs); written at once."""
+        with self._lock:
+            now = self.clock()
+            records = [self.fleet.set_labels(d, dict(v), now) for d, v in labels.items()]
+            dirty = self.fleet.take_dirty()
+            if dirty:
+                self.registry.upsert_devices(dirty)
+            return records
+
     def wait_idle(self, timeout_s: float = 10.0) -> bool:
         """Wait until every queued event was processed (tests, benchmarks)."""
         deadline = time.monotonic() + timeout_s
@@ -365,8 +376,9 @@ class RolloutController:
                 actions = entry.rollout.report(event.device, event.state, event.version, now)
                 self._after_event(entry, actions)
             return
-        record, _new = self.fleet.observe_report(event, now)
-        if event.model is None:
+        heard = self.fleet.observe_report(event, now)
+        record = heard.record
+        if event.model is None or not heard.fresh or record is None:
             return
         for entry in self._active(event.model):
             r = entry.rollout
@@ -374,19 +386,18 @@ class RolloutController:
             d = r.devices.get(event.device)
             if d is not None and event.version is not None:
                 actions += self._heartbeat_report(r, event.device, d.status, event.version, now)
+            actions += r.telemetry(event.device, record.telemetry or {}, now)
             self._after_event(entry, actions)
 
-    @staticmethod
     def _heartbeat_report(
-        r: Rollout, device: str, status: DeviceStatus, version: int, now: float
+        self, r: Rollout, device: str, status: DeviceStatus, version: int, now: float
     ) -> list[Action]:
         """A device running the version it was sent to has installed it, report or not."""
-        if status is DeviceStatus.ASSIGNED and version == r.spec.version:
-            return r.report(device, UpdateState.INSTALLED, version, now)
-        if (
-            status in (DeviceStatus.ROLLBACK_ASSIGNED, DeviceStatus.ROLLBACK_FAILED)
-            and version == r.spec.previous_version
+        back = (DeviceStatus.ROLLBACK_ASSIGNED, DeviceStatus.ROLLBACK_FAILED)
+        if (status is DeviceStatus.ASSIGNED and version == r.spec.version) or (
+            status in back and version == r.spec.previous_version
         ):
+            self.fleet.confirm_version(device, r.spec.model, version)
             return r.report(device, UpdateState.INSTALLED, version, now)
         return []
 
@@ -403,13 +414,7 @@ class RolloutController:
             r = entry.rollout
             if r.state not in _ACTIVE:
                 continue
-            actions: list[Action] = []
-            if r.spec.health_gated and r.state in (RolloutState.RUNNING, RolloutState.PAUSED):
-                for v in (r.spec.version, r.spec.previous_version):
-                    m = self.fleet.health(r.spec.model, v, now, self.health_max_age_s)
-                    if m.samples and m != r.health_by_version.get(v):
-                        actions += r.health(v, m)
-            actions += r.tick(now)
+            actions = r.tick(now)
             if actions:
                 entry.dirty = True
                 self._carry_out(entry, actions)
@@ -441,7 +446,11 @@ class RolloutController:
 
     def _view(self, entry: RolloutEntry) -> dict[str, Any]:
         return status_view(
-            entry.id, entry.rollout, created_at=entry.created_at, updated_at=entry.updated_at
+            entry.id,
+            entry.rollout,
+            created_at=entry.created_at,
+            updated_at=entry.updated_at,
+            now=self.clock(),
         )
 
     def _persist(self, entry: RolloutEntry, command: RolloutCommand | None = None) -> bool:

@@ -17,8 +17,16 @@ States::
 Gates. The next wave starts on ``tick(now)`` once ``soak_s`` has passed since the
 current wave started, at least ``min(min_reports, wave size)`` devices of the
 wave reported a final state, the failure gate holds and the enabled health gates
-have enough samples and hold. The last wave completes when, in addition, every
-device of the rollout has a final state (installed, failed or timed out).
+passed. The last wave completes when, in addition, every device of the rollout
+has a final state (installed, failed or timed out).
+
+Health (``_wave_health``, ``_gates``, ``_stats``). Each wave compares the
+devices on the new version with a control cohort the rollout keeps on the
+previous one, matched in size and labels, over the same window; telemetry
+comes in through ``telemetry(device, report, now)`` and only the devices of
+the two cohorts count. At each of the wave's looks every enabled gate is a
+non-inferiority judgement; a failing one halts the rollout, all passing let the
+wave end, and still inconclusive at the last look halts it too.
 
 Invariants (``check_invariants`` asserts them):
 
@@ -36,12 +44,15 @@ Invariants (``check_invariants`` asserts them):
    aborted (like running, paused and halted) may be rolled back with ``rollback()``.
 7. rolled_back is reached only when every device that was assigned the new
    version has reported ``rolled-back`` or ``installed`` of the previous version.
+8. A device of the control cohort was never assigned the new version, and is
+   in no other cohort of the wave.
 
 Messy input is expected and harmless: reports from devices not in the rollout,
 for other versions, duplicates, and reports older than the device's last one
 (by ``now``) are ignored; a late report after a timeout replaces the timeout.
 ``resume`` accepts the failures and health data seen so far: the failure gate
-trips again only on a new failure, the health gate only on new health data.
+trips again only on a new failure; the health of the resumed wave no longer
+decides (the next wave's does).
 
 Update reports come in as ``shared.UpdateState`` members and are compared
 as members; snapshots hold only this module's own ``StrEnum`` values (plain
@@ -65,12 +76,13 @@ from shared import UpdateState
 
 from .._errors import RolloutStateError
 from ._spec import RolloutSpec, plan_waves
+from ._stats import Verdict
+from ._wave_health import WaveHealth
 
 __all__ = [
     "Action",
     "Assign",
     "DeviceStatus",
-    "HealthMetrics",
     "Notify",
     "Rollout",
     "RolloutState",
@@ -78,7 +90,8 @@ __all__ = [
     "Unassign",
 ]
 
-_FORMAT = 1
+_FORMAT = 2
+_FORMATS = (1, 2)  # 1: before cohorts; its health data is dropped on load
 
 
 class RolloutState(enum.StrEnum):
@@ -131,23 +144,6 @@ class Notify:
 Action = Assign | Unassign | Notify
 
 
-@dataclass(frozen=True, kw_only=True)
-class HealthMetrics:
-    """Aggregated telemetry of the devices running one version; ``None``: not measured."""
-
-    samples: int = 0
-    error_rate: float | None = None
-    p99_latency_ms: float | None = None
-    offload_rate: float | None = None
-    agreement: float | None = None  # edge-cloud agreement on offloaded samples
-
-    @classmethod
-    def coerce(cls, m: HealthMetrics | Mapping[str, Any]) -> HealthMetrics:
-        if isinstance(m, HealthMetrics):
-            return m
-        return cls(**{k: m[k] for k in cls.__dataclass_fields__ if k in m})
-
-
 @dataclass
 class _Device:
     wave: int
@@ -184,9 +180,10 @@ class Rollout:
         self.devices: dict[str, _Device] = {}
         self.wave_started_at: float | None = None
         self.reason = ""
-        self.health_by_version: dict[int, HealthMetrics] = {}
+        self.labels: dict[str, dict[str, str]] = {}  # the devices known at start, for matching
+        self.outside: list[str] = []  # devices of the model outside the target (control pool)
+        self.health = WaveHealth(spec)
         self.waived_failures = -1  # failed count accepted by resume(); -1: none
-        self.health_waived = False
         self.ignored_reports = 0
 
     # ----------------------------------------------------------------- queries
@@ -202,34 +199,6 @@ class Rollout:
     def wave_devices(self, k: int) -> list[str]:
         return [n for n, d in self.devices.items() if d.wave == k]
 
-    def health_verdict(self) -> tuple[bool, str]:
-        """(ready, failure): ready once every enabled gate has data; failure names a tripped one."""
-        s = self.spec
-        if not s.health_gated:
-            return True, ""
-        new = self.health_by_version.get(s.version)
-        old = self.health_by_version.get(s.previous_version)
-        if new is None or old is None:
-            return False, ""
-        if min(new.samples, old.samples) < s.min_health_samples:
-            return False, ""
-        ready, failure = True, ""
-        checks = (
-            ("error_rate", s.max_error_rate_increase, lambda n, o, m: n - o > m),
-            ("p99_latency_ms", s.max_p99_latency_ratio, lambda n, o, m: n > o * m),
-            ("offload_rate", s.max_offload_rate_increase, lambda n, o, m: n - o > m),
-            ("agreement", s.max_agreement_drop, lambda n, o, m: o - n > m),
-        )
-        for name, margin, worse in checks:
-            if margin is None:
-                continue
-            n, o = getattr(new, name), getattr(old, name)
-            if n is None or o is None:
-                ready = False
-            elif not failure and worse(n, o, margin):
-                failure = f"health gate: {name} {o:g} → {n:g} (margin {margin:g})"
-        return ready, failure
-
     # ------------------------------------------------------------------ events
 
     def start(self, devices: Mapping[str, Mapping[str, str]], now: float) -> list[Action]:
@@ -242,6 +211,8 @@ class Rollout:
             (n for n, labels in devices.items() if self.spec.matches(labels)),
             key=lambda n: (_order_key(self.spec, n), n),
         )
+        self.labels = {n: dict(labels) for n, labels in devices.items()}
+        self.outside = sorted(n for n in devices if n not in set(fleet))
         self.wave_ends = plan_waves(self.spec, len(fleet))
         self.order = fleet
         self._planned = set(fleet)
@@ -250,11 +221,16 @@ class Rollout:
 
     def device_joined(self, device: str, labels: Mapping[str, str], now: float) -> list[Action]:
         """A device came online: a new matching one joins the current wave."""
-        if self.state not in _ACTIVE or device in self.devices or not self.spec.matches(labels):
+        if self.state not in _ACTIVE or device in self.devices or device in self._planned:
+            return []  # known, or already planned for a later wave
+        if device not in self.labels:
+            self.labels[device] = dict(labels)
+        if not self.spec.matches(labels):
+            if device not in self.outside:
+                self.outside.append(device)
             return []
-        if device in self._planned:
-            return []  # already planned for a later wave
         self.devices[device] = _Device(wave=self.wave, status=DeviceStatus.QUEUED)
+        self.health.joined(device)
         if self.state is RolloutState.RUNNING:
             return self._assign([device], now)
         return []
@@ -286,15 +262,20 @@ class Rollout:
         else:
             return []  # progress (downloading, verifying): no decision
         d.status, d.reported_at = new, now
+        if new is DeviceStatus.INSTALLED:
+            self.health.installed(device, now)
+        else:
+            self.health.failed(device)
         return self._check_gates()
 
-    def health(self, version: int, metrics: HealthMetrics | Mapping[str, Any]) -> list[Action]:
-        """Aggregated telemetry of the devices running ``version`` (latest replaces earlier)."""
-        if version not in (self.spec.version, self.spec.previous_version):
-            return []
-        self.health_by_version[version] = HealthMetrics.coerce(metrics)
-        self.health_waived = False
-        return self._check_gates()
+    def telemetry(self, device: str, report: Mapping[str, Any], now: float) -> list[Action]:
+        """A device's heartbeat (a ``shared.DeviceReport`` as a dict), heard at ``now``.
+
+        Counts only for a device of the current wave's cohorts (``_evidence``).
+        """
+        if self.state in (RolloutState.RUNNING, RolloutState.PAUSED):
+            self.health.telemetry(device, report, now)
+        return []
 
     def tick(self, now: float) -> list[Action]:
         """Time passes: time out silent devices, then start the next wave or complete."""
@@ -308,6 +289,7 @@ class Rollout:
             ):
                 d.status = DeviceStatus.TIMED_OUT
         actions = self._check_gates()
+        actions += self._look(now)
         if self.state is not RolloutState.RUNNING or not self._wave_done(now):
             return actions
         if self.wave == len(self.wave_ends) - 1:
@@ -330,7 +312,7 @@ class Rollout:
             return []
         self._require({RolloutState.PAUSED, RolloutState.HALTED}, "resume")
         self.waived_failures = self.failed
-        self.health_waived = True
+        self.health.waive()
         actions = self._become(RolloutState.RUNNING, "resumed")
         queued = [n for n, d in self.devices.items() if d.status is DeviceStatus.QUEUED]
         return [*actions, *self._assign(queued, now)]
@@ -391,7 +373,16 @@ class Rollout:
         for n in new:
             self.devices[n] = _Device(wave=k, status=DeviceStatus.QUEUED)
         self.reason = f"wave {k + 1} of {len(self.wave_ends)}"
-        return [Notify(self.state, k, self.reason), *self._assign(new, now)]
+        actions: list[Action] = [Notify(self.state, k, self.reason), *self._assign(new, now)]
+        on_new = (DeviceStatus.QUEUED, DeviceStatus.ASSIGNED, DeviceStatus.INSTALLED)
+        canary = {
+            n: d.status is DeviceStatus.INSTALLED
+            for n, d in self.devices.items()
+            if d.status in on_new
+        }
+        untouched = [n for n in self.order if n not in self.devices]
+        self.health.open(k, now, canary, [untouched, self.outside], self.labels)
+        return actions
 
     def _wave_done(self, now: float) -> bool:
         assert self.wave_started_at is not None
@@ -401,9 +392,7 @@ class Rollout:
         reported = sum(d.status in _FINAL for d in members)
         if reported < min(self.spec.min_reports, len(members)):
             return False
-        # resume() waives a tripped gate, never missing data
-        ready, failure = self.health_verdict()
-        return ready and (not failure or self.health_waived)
+        return self.health.ready
 
     def _check_gates(self) -> list[Action]:
         """Halt when a gate trips; only while running or paused."""
@@ -415,10 +404,38 @@ class Rollout:
                 f"failure rate {self.failed}/{len(self.devices)} above "
                 f"{self.spec.max_failure_rate:g}",
             )
-        _, failure = self.health_verdict()
-        if failure and not self.health_waived:
-            return self._become(RolloutState.HALTED, failure)
         return []
+
+    def _look(self, now: float) -> list[Action]:
+        """The health judgement; at a look it may halt the rollout."""
+        if self.state not in (RolloutState.RUNNING, RolloutState.PAUSED):
+            return []
+        verdict, reason = self.health.look(now)
+        if verdict in (Verdict.FAIL, Verdict.INCONCLUSIVE):
+            return self._become(RolloutState.HALTED, reason)
+        return []
+
+    def waiting(self, now: float) -> list[str]:
+        """Why the current wave has not ended yet, for people (empty: it has not started,
+        or nothing holds it)."""
+        if self.state is not RolloutState.RUNNING or self.wave_started_at is None:
+            return [self.reason] if self.state in (RolloutState.PAUSED, RolloutState.HALTED) else []
+        out = []
+        left = self.spec.soak_s - (now - self.wave_started_at)
+        if left > 0:
+            out.append(f"soaking: {left:.0f} s left")
+        members = [self.devices[n] for n in self.wave_devices(self.wave)]
+        reported = sum(d.status in _FINAL for d in members)
+        need = min(self.spec.min_reports, len(members))
+        if reported < need:
+            out.append(f"reports: {reported} of {need} devices of the wave reported")
+        if self.wave == len(self.wave_ends) - 1:
+            busy = sum(d.status not in _FINAL for d in self.devices.values())
+            if busy:
+                out.append(f"{busy} device(s) still updating")
+        if why := self.health.waiting(now):
+            out.append(why)
+        return out
 
     def _rollback_report(
         self, device: str, d: _Device, state: UpdateState | None, version: int, now: float
@@ -464,15 +481,16 @@ class Rollout:
             },
             "wave_started_at": self.wave_started_at,
             "reason": self.reason,
-            "health": {str(v): asdict(m) for v, m in self.health_by_version.items()},
+            "labels": self.labels,
+            "outside": list(self.outside),
+            "health": self.health.to_dict(),
             "waived_failures": self.waived_failures,
-            "health_waived": self.health_waived,
             "ignored_reports": self.ignored_reports,
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Rollout:
-        if d.get("format") != _FORMAT:
+        if d.get("format") not in _FORMATS:
             raise ValueError(f"unsupported rollout snapshot format {d.get('format')!r}")
         r = cls(RolloutSpec.from_dict(d["spec"]))
         r.state = RolloutState(d["state"])
@@ -486,9 +504,11 @@ class Rollout:
         }
         r.wave_started_at = d["wave_started_at"]
         r.reason = d["reason"]
-        r.health_by_version = {int(v): HealthMetrics(**m) for v, m in d["health"].items()}
+        if d["format"] >= 2:
+            r.labels = {n: dict(v) for n, v in d["labels"].items()}
+            r.outside = list(d["outside"])
+            r.health = WaveHealth.from_dict(r.spec, d["health"])
         r.waived_failures = int(d["waived_failures"])
-        r.health_waived = bool(d["health_waived"])
         r.ignored_reports = int(d["ignored_reports"])
         return r
 
@@ -514,6 +534,11 @@ class Rollout:
             d.status not in _FINAL for d in self.devices.values()
         ):
             raise AssertionError("completed with devices still awaited")
+        book = self.health.book
+        if book is not None:
+            for n in book.members("control"):
+                if n in self.devices and self.devices[n].assigns:
+                    raise AssertionError(f"8: control device {n} was assigned the new version")
         if s is RolloutState.ROLLED_BACK and any(
             d.status is not DeviceStatus.ROLLED_BACK for d in self.devices.values() if d.assigns
         ):

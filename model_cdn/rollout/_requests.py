@@ -32,6 +32,11 @@ SPEC_FIELDS = frozenset(
         "max_offload_rate_increase",
         "max_agreement_drop",
         "min_health_samples",
+        "confidence",
+        "looks",
+        "max_soak_s",
+        "max_outliers",
+        "max_device_rps",
     }
 )
 

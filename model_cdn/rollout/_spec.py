@@ -149,10 +149,12 @@ def _opt_nonneg(name: str, v: float | None, *, low: float = 0.0) -> None:
 class RolloutSpec:
     """A staged rollout of ``model`` from ``previous_version`` to ``version``.
 
-    Health gates compare the telemetry of devices on ``version`` with devices on
-    ``previous_version``; ``None`` disables a gate. A gate that is enabled blocks
-    the next wave until both versions have reported at least ``min_health_samples``
-    samples, and halts the rollout when the new version is worse by more than its margin.
+    Health gates compare the telemetry of the devices on ``version`` with a
+    control cohort kept on ``previous_version`` (``_gates``, ``_stats``); ``None``
+    disables a gate. An enabled gate blocks the next wave until the evidence
+    says "not worse than the margin" at ``confidence``, halts the rollout when
+    it says "worse", and halts it as inconclusive after ``max_soak_s`` (default
+    the larger of 6 soak times and the soak plus 30 minutes).
     """
 
     model: str
@@ -168,7 +170,12 @@ class RolloutSpec:
     max_p99_latency_ratio: float | None = None  # new / old, e.g. 1.2
     max_offload_rate_increase: float | None = None  # absolute, new - old
     max_agreement_drop: float | None = None  # edge-cloud agreement, absolute, old - new
-    min_health_samples: int = 100  # per version, before health gates count
+    min_health_samples: int = 100  # trials per cohort and metric before a gate can decide
+    confidence: float = 0.95  # of each gate's decision over all of a wave's looks
+    looks: int = 12  # decisions per wave, spaced geometrically from soak_s to the max soak
+    max_soak_s: float | None = None  # a wave inconclusive this long halts; None: see below
+    max_outliers: float = 0.05  # share of a cohort that may be excluded as outliers
+    max_device_rps: float = 1000.0  # requests a second a device may plausibly count
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -203,6 +210,18 @@ class RolloutSpec:
         _opt_nonneg("max_p99_latency_ratio", self.max_p99_latency_ratio, low=1.0)
         _opt_nonneg("max_offload_rate_increase", self.max_offload_rate_increase)
         _opt_nonneg("max_agreement_drop", self.max_agreement_drop)
+        c = self.confidence
+        if isinstance(c, bool) or not isinstance(c, int | float) or not 0.5 <= c < 1:
+            raise ValueError(f"confidence is in [0.5, 1), got {c!r}")
+        if isinstance(self.looks, bool) or not isinstance(self.looks, int) or self.looks < 1:
+            raise ValueError(f"looks must be an integer >= 1, got {self.looks!r}")
+        _opt_nonneg("max_soak_s", self.max_soak_s)
+        _opt_nonneg("max_outliers", self.max_outliers)
+        if self.max_outliers >= 0.5:
+            raise ValueError("max_outliers is a share of a cohort below 0.5")
+        _opt_nonneg("max_device_rps", self.max_device_rps)
+        if self.max_device_rps <= 0:
+            raise ValueError("max_device_rps must be > 0")
 
     @property
     def health_gated(self) -> bool:
@@ -215,6 +234,13 @@ class RolloutSpec:
                 self.max_agreement_drop,
             )
         )
+
+    @property
+    def health_max_soak_s(self) -> float:
+        """How long a wave may soak while its health is inconclusive."""
+        if self.max_soak_s is not None:
+            return max(self.max_soak_s, self.soak_s)
+        return max(6 * self.soak_s, self.soak_s + 1800.0)
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         """Whether a device with ``labels`` is in the target (every selector label equal)."""

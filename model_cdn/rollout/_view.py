@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
-from dataclasses import asdict
 from typing import Any
 
 from ._machine import DeviceStatus, Rollout
@@ -16,9 +16,16 @@ _WAVE_KEYS = ("installed", "failed", "timed_out", "assigned", "queued")
 
 
 def status_view(
-    rollout_id: str, rollout: Rollout, *, created_at: float, updated_at: float
+    rollout_id: str,
+    rollout: Rollout,
+    *,
+    created_at: float,
+    updated_at: float,
+    now: float | None = None,
 ) -> dict[str, Any]:
-    """JSON-able summary: state, reason, per-status counts, per-wave counts, health."""
+    """JSON-able summary: state, reason, per-status counts, per-wave counts, the health
+    gates (every judgement with its interval and sample sizes, and their history),
+    and ``waiting``: why the current wave has not ended yet."""
     spec = rollout.spec
     counts = Counter(d.status.value for d in rollout.devices.values())
     waves: list[dict[str, Any]] = []
@@ -52,5 +59,6 @@ def status_view(
             **{s.value: counts.get(s.value, 0) for s in DeviceStatus},
         },
         "waves": waves,
-        "health": {str(v): asdict(m) for v, m in sorted(rollout.health_by_version.items())},
+        "gates": rollout.health.view(),
+        "waiting": rollout.waiting(time.time() if now is None else now),
     }

@@ -2,8 +2,11 @@
 
 The command runs ``tandem.simulator.FleetSimulator`` until Ctrl-C,
 SIGTERM or ``--duration``, with a live summary on stderr (devices online,
-versions running, installs and failures), then disconnects every device
-and exits 0. Failures are one line on stderr and exit 1 (the work failed)
+versions running, installs and failures) on a terminal, or a progress line
+every ``--progress-every`` seconds in a log, then disconnects every device
+and exits 0. With an admin token it first records each device's labels at
+the CDN as the operator's (a rollout targets the operator's labels, never a
+device's own claims). Failures are one line on stderr and exit 1 (the work failed)
 or 2 (the command line was wrong).
 """
 
@@ -138,6 +141,55 @@ SeedOption = Annotated[int, typer.Option("--seed", help="Picks which devices mis
 DownloadWorkersOption = Annotated[
     int, typer.Option("--download-workers", help="Download threads.", min=1, max=256)
 ]
+RequestsPerSOption = Annotated[
+    str, typer.Option("--requests-per-s", help="Each device's request rate: LOW-HIGH.")
+]
+VersionRateOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--version-agreement",
+        help="VERSION=RATE: that version's edge-cloud agreement (0.92), repeatable.",
+        show_default=False,
+    ),
+]
+VersionErrorOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--version-error-rate",
+        help="VERSION=RATE: that version's error rate (0.004), repeatable.",
+        show_default=False,
+    ),
+]
+LiarRateOption = Annotated[
+    float,
+    typer.Option("--liar-rate", help="Fraction of devices forging telemetry.", min=0, max=1),
+]
+LieOption = Annotated[
+    str,
+    typer.Option("--lie", help="What liars forge: labels, version, huge, bad or good."),
+]
+AdminTokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar="TANDEM_CDN_ADMIN_TOKEN",
+        help="Admin token (or rollout:admin key): record the devices' labels at the CDN.",
+        show_default=False,
+    ),
+]
+LabelDevicesOption = Annotated[
+    bool,
+    typer.Option(
+        "--label-devices/--no-label-devices",
+        help="Record each device's labels at the CDN first (needs --token).",
+    ),
+]
+ProgressOption = Annotated[
+    float,
+    typer.Option(
+        "--progress-every", help="Seconds between progress lines when not on a terminal.", min=0.1
+    ),
+]
 DurationOption = Annotated[
     float | None,
     typer.Option("--duration", help="Stop after this many seconds (default: Ctrl-C).", min=0.1),
@@ -168,6 +220,14 @@ def fleet_simulate(
     seed: SeedOption = 0,
     download_workers: DownloadWorkersOption = 16,
     duration: DurationOption = None,
+    requests_per_s: RequestsPerSOption = "2-20",
+    version_agreement: VersionRateOption = None,
+    version_error_rate: VersionErrorOption = None,
+    liar_rate: LiarRateOption = 0.0,
+    lie: LieOption = "bad",
+    token: AdminTokenOption = None,
+    label_devices: LabelDevicesOption = True,
+    progress_every: ProgressOption = 10.0,
     mqtt_ca: MqttCaOption = None,
     mqtt_cert: MqttCertOption = None,
     mqtt_key: MqttKeyOption = None,
@@ -218,13 +278,35 @@ def fleet_simulate(
                 disagree_versions=frozenset(disagree_version or ()),
                 seed=seed,
                 download_workers=download_workers,
+                requests_per_s=_span(requests_per_s, "--requests-per-s"),
+                version_agreement=_version_rates(version_agreement, "--version-agreement"),
+                version_error_rate=_version_rates(version_error_rate, "--version-error-rate"),
+                liar_rate=liar_rate,
+                lie=lie,
             )
         except (ConfigError, ValueError) as e:
             fail(_COMMAND, str(e), 2)
-        _run(config, duration)
+        if label_devices and token:
+            _label(config, token)
+        _run(config, duration, progress_every)
 
 
-def _run(config: SimulatorConfig, duration: float | None) -> None:
+def _label(config: SimulatorConfig, token: str) -> None:
+    """Record every device's labels at the CDN, as the operator's inventory would."""
+    from model_cdn import AdminApiError, AdminClient
+
+    labels = {config.device_id(i): config.device_labels(i) for i in range(config.devices)}
+    names = list(labels)
+    try:
+        client = AdminClient(config.cdn_url, token=token, timeout_s=30)
+        for at in range(0, len(names), 1000):
+            client.set_labels({n: labels[n] for n in names[at : at + 1000]})
+    except (AdminApiError, ValueError) as e:
+        fail(_COMMAND, f"cannot record the devices' labels at the CDN: {e}", 1)
+    typer.echo(f"recorded the labels of {len(names)} devices at {config.cdn_url}", err=True)
+
+
+def _run(config: SimulatorConfig, duration: float | None, progress_s: float = 10.0) -> None:
     """The fleet, with its live summary, until SIGTERM, Ctrl-C or ``duration``; then a line."""
     from tandem.simulator import FleetSimulator
 
@@ -232,7 +314,7 @@ def _run(config: SimulatorConfig, duration: float | None) -> None:
     started = time.monotonic()
     with _stop_on_signals(stop), FleetSimulator(config) as simulator:
         with contextlib.suppress(KeyboardInterrupt):
-            _watch(simulator, config, stop, duration, started)
+            _watch(simulator, config, stop, duration, started, progress_s)
         final = simulator.snapshot()
     typer.echo(
         f"simulated {final.total} devices for {time.monotonic() - started:.0f} s: "
@@ -247,13 +329,18 @@ def _watch(
     stop: threading.Event,
     duration: float | None,
     started: float,
+    progress_s: float = 10.0,
 ) -> None:
-    """Show the live summary until ``stop`` is set or ``duration`` has passed."""
+    """Show the live summary (a terminal) or progress lines (a log) until ``stop`` is set
+    or ``duration`` has passed."""
     from rich.console import Console
     from rich.live import Live
 
     deadline = None if duration is None else started + duration
     console = Console(stderr=True)
+    if not console.is_terminal:
+        _log_progress(simulator, stop, deadline, started, progress_s)
+        return
     with Live(console=console, refresh_per_second=4, transient=not console.is_terminal) as live:
         while not stop.is_set():
             live.update(_render(simulator.snapshot(), config, time.monotonic() - started))
@@ -261,6 +348,19 @@ def _watch(
             if left <= 0 or stop.wait(left):
                 break
         live.update(_render(simulator.snapshot(), config, time.monotonic() - started))
+
+
+def _log_progress(
+    simulator: Any, stop: threading.Event, deadline: float | None, started: float, every_s: float
+) -> None:
+    """One line on stderr every ``every_s``, flushed: what a log shows of a long run."""
+    while True:
+        snapshot = simulator.snapshot()
+        elapsed = time.monotonic() - started
+        typer.echo(f"{_COMMAND}: {elapsed:.0f} s: {snapshot.summary()}", err=True)
+        left = every_s if deadline is None else min(every_s, deadline - time.monotonic())
+        if left <= 0 or stop.wait(left):
+            return
 
 
 def _render(snapshot: FleetSnapshot, config: SimulatorConfig, elapsed: float) -> Any:
@@ -324,11 +424,25 @@ def _labels(items: list[str]) -> dict[str, str]:
     return labels
 
 
-def _span(text: str) -> tuple[float, float]:
+def _span(text: str, option: str = "--install-delay") -> tuple[float, float]:
     """``"0.1-2"`` -> (0.1, 2.0); ``"1"`` -> (1.0, 1.0)."""
     low, sep, high = text.partition("-")
     try:
         values = (float(low), float(high)) if sep else (float(low), float(low))
     except ValueError as e:
-        raise ValueError(f"--install-delay {text!r}: write LOW-HIGH in seconds") from e
+        raise ValueError(f"{option} {text!r}: write LOW-HIGH") from e
     return values
+
+
+def _version_rates(items: list[str] | None, option: str) -> dict[int, float]:
+    """``["2=0.92"]`` -> ``{2: 0.92}``."""
+    out: dict[int, float] = {}
+    for item in items or []:
+        version, sep, rate = item.partition("=")
+        try:
+            out[int(version)] = float(rate)
+        except ValueError as e:
+            raise ValueError(f"{option} {item!r}: write VERSION=RATE, e.g. 2=0.92") from e
+        if not sep:
+            raise ValueError(f"{option} {item!r}: write VERSION=RATE, e.g. 2=0.92")
+    return out

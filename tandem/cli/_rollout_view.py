@@ -2,7 +2,8 @@
 
 Rendering only (rich renderables from the admin API's status objects). The
 objects come over the network, so every field is read defensively: a
-missing or odd field shows as ``—`` or 0, never as a crash.
+missing or odd field shows as ``—`` or 0, never as a crash. ``console``
+fits tables to a terminal, and never cuts them in a log (or with ``--wide``).
 """
 
 from __future__ import annotations
@@ -13,9 +14,130 @@ from ._admin import ago_text
 from ._common import ratio_text
 
 if TYPE_CHECKING:
-    from rich.console import RenderableType
+    from rich.console import Console, RenderableType
 
-__all__ = ["list_table", "render_progress", "render_status"]
+__all__ = ["console", "list_table", "progress_line", "render_progress", "render_status"]
+
+WIDE = 240  # columns of a log line or of --wide: tables are never cut below this
+
+
+def console(*, wide: bool = False, stderr: bool = False) -> Console:
+    """Plain text (no markup, no emoji); the terminal's width, else (a log, --wide) WIDE."""
+    from rich.console import Console
+
+    probe = Console(stderr=stderr)
+    width = None if probe.is_terminal and not wide else WIDE
+    return Console(markup=False, emoji=False, width=width, stderr=stderr)
+
+
+def _num(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _pts(value: object, *, signed: bool = True) -> str:
+    v = _num(value)
+    if v is None:
+        return "—"
+    return f"{v * 100:+.2f}" if signed else f"{v * 100:.2f}"
+
+
+def _judgement_row(j: dict[str, Any]) -> tuple[str, ...]:
+    new, control = _dict(j.get("new")), _dict(j.get("control"))
+    ratio = j.get("scale") == "ratio"
+
+    def est(side: dict[str, Any]) -> str:
+        v = _num(side.get("estimate"))
+        if v is None:
+            return "—"
+        return f"{v:.1f} ms" if ratio else f"{v * 100:.2f}%"
+
+    if ratio:
+
+        def fmt(x: object) -> str:
+            v = _num(x)
+            return "—" if v is None else f"{v:.3f}"
+
+        change, margin = fmt(j.get("delta")), f"≤ {fmt(j.get('margin'))}"
+        interval = f"[{fmt(j.get('lower'))}, {fmt(j.get('upper'))}]"
+    else:
+        change, margin = _pts(j.get("delta")), f"≤ {_pts(j.get('margin'), signed=False)}"
+        interval = f"[{_pts(j.get('lower'))}, {_pts(j.get('upper'))}]"
+    conf = _num(j.get("confidence"))
+    excluded = len(new.get("excluded") or []) + len(control.get("excluded") or [])
+    return (
+        str(j.get("metric", "?")),
+        str(j.get("verdict", "?")),
+        est(new),
+        est(control),
+        change,
+        interval + (f" @{conf * 100:.2f}%" if conf is not None else ""),
+        margin,
+        f"{_int(new.get('devices'))}/{_int(control.get('devices'))}",
+        f"{_num(new.get('samples')) or 0:,.0f}/{_num(control.get('samples')) or 0:,.0f}",
+        str(excluded),
+    )
+
+
+def _gates_part(status: dict[str, Any]) -> list[RenderableType]:
+    """Every judgement with its interval and sample sizes, the looks, flagged devices."""
+    from rich import box
+    from rich.table import Table
+
+    gates = _dict(status.get("gates"))
+    judgements = [j for j in gates.get("judgements") or [] if isinstance(j, dict)]
+    looks = _dict(gates.get("looks"))
+    state = gates.get("state", "off")
+    if state == "off":
+        return []
+    head = (
+        f"health: {state} (look {_int(looks.get('done'))} of {_int(looks.get('total'))}; "
+        f"{_int(gates.get('new_devices'))} new vs {_int(gates.get('control_devices'))} "
+        "control devices; worse by: points, or new/control for latency)"
+    )
+    parts: list[RenderableType] = [head]
+    if judgements:
+        table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
+        for column in (
+            "gate",
+            "verdict",
+            "new",
+            "control",
+            "worse by",
+            "interval",
+            "allowed",
+            "devices n/c",
+            "samples n/c",
+            "outliers",
+        ):
+            table.add_column(column, no_wrap=True, justify="left" if column == "gate" else "right")
+        for j in judgements:
+            table.add_row(*_judgement_row(j))
+        parts.append(table)
+    flagged = _dict(gates.get("flagged"))
+    if flagged:
+        shown = "; ".join(f"{d}: {why}" for d, why in list(flagged.items())[:5])
+        more = f" (+{len(flagged) - 5} more)" if len(flagged) > 5 else ""
+        parts.append(f"untrusted telemetry, not counted: {shown}{more}")
+    return parts
+
+
+def progress_line(status: dict[str, Any]) -> str:
+    """One line for a log: state, wave, installs, what it waits for."""
+    waves = [w for w in status.get("waves") or [] if isinstance(w, dict)]
+    done = sum(_int(w.get("installed")) for w in waves)
+    planned = sum(_int(w.get("planned")) for w in waves)
+    wave, total, names = status.get("wave"), status.get("waves_total"), _wave_names(status)
+    where = "—"
+    if isinstance(wave, int) and wave >= 0:
+        name = f" ({names[wave]})" if wave < len(names) else ""
+        where = f"wave {wave + 1}{name} of {total}"
+    waiting = [str(w) for w in status.get("waiting") or []]
+    tail = f"; waiting: {'; '.join(waiting)}" if waiting else ""
+    return (
+        f"{status.get('id', '?')} {status.get('state', '?')}, {where}, "
+        f"{done}/{planned} installed, failure rate {ratio_text(status.get('failure_rate'))}"
+        f"{tail}"
+    )
 
 
 def _int(value: object) -> int:
@@ -76,7 +198,7 @@ def _wave_rows(status: dict[str, Any]) -> list[tuple[str, dict[str, Any], str]]:
 
 
 def _gates_text(spec: dict[str, Any]) -> str:
-    """The enabled health gates, e.g. ``agreement drop ≤ 2.00%, p99 ratio ≤ 1.2``."""
+    """The enabled health gates, e.g. ``agreement drop ≤ 2.00%, p99 ratio ≤ 1.2, …``."""
     gates = [
         f"{name} ≤ {ratio_text(spec[key]) if key != 'max_p99_latency_ratio' else spec[key]}"
         for key, name in (
@@ -88,7 +210,10 @@ def _gates_text(spec: dict[str, Any]) -> str:
         if isinstance(spec.get(key), int | float)
     ]
     if gates and isinstance(spec.get("min_health_samples"), int):
-        gates.append(f"after {spec['min_health_samples']} samples per version")
+        gates.append(f"after {spec['min_health_samples']} samples per cohort")
+    confidence = _num(spec.get("confidence"))
+    if gates and confidence is not None:
+        gates.append(f"{confidence * 100:g}% confidence over {_int(spec.get('looks'))} looks")
     return ", ".join(gates)
 
 
@@ -114,25 +239,12 @@ def render_status(status: dict[str, Any]) -> RenderableType:
         )
     parts: list[RenderableType] = [_state_line(status), waves]
     gates = _gates_text(_dict(status.get("spec")))
-    health = _dict(status.get("health"))
     if gates:
-        parts.append(f"health gates: {gates}" + ("" if health else "; no health data yet"))
-    if health:
-        table = Table(box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False)
-        for column in ("version", "samples", "error rate", "p99 ms", "offload rate", "agreement"):
-            table.add_column(column, no_wrap=True, justify="right")
-        for version, m in sorted(health.items(), key=lambda kv: str(kv[0])):
-            m = _dict(m)
-            p99 = m.get("p99_latency_ms")
-            table.add_row(
-                str(version),
-                str(_int(m.get("samples"))),
-                ratio_text(m.get("error_rate")),
-                f"{p99:.1f}" if isinstance(p99, int | float) else "—",
-                ratio_text(m.get("offload_rate")),
-                ratio_text(m.get("agreement")),
-            )
-        parts.append(table)
+        parts.append(f"health gates: {gates}")
+    parts += _gates_part(status)
+    waiting = [str(w) for w in status.get("waiting") or []]
+    if waiting:
+        parts.append("waiting: " + "\n         ".join(waiting))
     return Group(*parts)
 
 
@@ -156,7 +268,11 @@ def render_progress(status: dict[str, Any]) -> RenderableType:
             f"installed {_int(wave.get('installed'))}, failed {_int(wave.get('failed'))}, "
             f"timed out {_int(wave.get('timed_out'))}, in progress {busy}  [{phase}]",
         )
-    return Group(_state_line(status), grid)
+    waiting = [str(w) for w in status.get("waiting") or []]
+    lines: list[RenderableType] = [_state_line(status), grid]
+    if waiting:
+        lines.append("waiting: " + "; ".join(waiting))
+    return Group(*lines)
 
 
 def list_table(rollouts: list[dict[str, Any]]) -> RenderableType:

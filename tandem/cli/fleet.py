@@ -2,7 +2,8 @@
 
 ``list`` and ``show`` ask the CDN's admin API (``--cdn``, ``--token``, as
 ``tandem rollout``) which devices reported telemetry, with their labels,
-models and health. ``simulate`` runs a fleet of simulated devices
+models and health; ``label`` records the operator's labels of devices (what
+rollouts target: a device's own claims never are). ``simulate`` runs a fleet of simulated devices
 (``_fleet_simulate``). ``provision`` gives each named device (or the hub / CDN
 service user) a fresh random password, keeping every other user, in the
 Mosquitto dynamic-security plugin's file (``--dynsec-file``: roles, bound
@@ -33,6 +34,7 @@ from ._admin import (
 )
 from ._common import clean_errors, fail, ratio_text
 from ._fleet_simulate import fleet_simulate
+from ._rollout_view import console
 
 __all__ = ["fleet_app"]
 
@@ -243,6 +245,7 @@ def fleet_list(
             "--version", help="Only devices running this version of --model.", show_default=False
         ),
     ] = None,
+    wide: Annotated[bool, typer.Option("--wide", help="Never cut the table.")] = False,
     cdn: CdnOption = DEFAULT_CDN,
     token: TokenOption = None,
     ca: CaOption = None,
@@ -279,16 +282,17 @@ def fleet_list(
         table.add_column(column, no_wrap=True)
     for d in devices:
         t = _telemetry(d) or {}
+        claims = " (claims differ)" if d.get("labels_differ") is True else ""
         table.add_row(
             str(d.get("device", "?")),
-            _pairs(d.get("labels")),
+            _pairs(d.get("labels")) + claims,
             _pairs(d.get("models"), "@"),
             ago_text(d.get("last_seen")),
             _online(d),
             _share(t.get("offloads"), t.get("requests")),
             _share(t.get("agreed"), t.get("agreement_samples")),
         )
-    plain_console().print(table)
+    console(wide=wide).print(table)
 
 
 @fleet_app.command("show")
@@ -324,6 +328,7 @@ def fleet_show(
     rows = [
         ("device", str(d.get("device", device))),
         ("labels", _pairs(d.get("labels"))),
+        ("claimed labels", _pairs(d.get("claimed_labels"))),
         ("capabilities", _pairs(d.get("capabilities"))),
         ("models", _pairs(d.get("models"), "@")),
         ("online", _online(d)),
@@ -362,6 +367,61 @@ def fleet_show(
     for name, value in rows:
         grid.add_row(name, value)
     plain_console().print(grid)
+
+
+@fleet_app.command("label")
+def fleet_label(
+    devices: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="[DEVICE]...", help="Device ids to label.", show_default=False),
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="LABEL=VALUE (repeat); replaces the device's labels."),
+    ] = None,
+    from_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file",
+            help='JSON inventory {"<device>": {"<label>": "<value>"}} (instead of DEVICE --set).',
+            show_default=False,
+        ),
+    ] = None,
+    cdn: CdnOption = DEFAULT_CDN,
+    token: TokenOption = None,
+    ca: CaOption = None,
+) -> None:
+    """Record the operator's labels of devices at the CDN (what rollouts target).
+
+    A device's telemetry may claim labels too; they are shown next to these
+    (fleet show), never used to pick devices.
+
+    Example: tandem fleet label cam-01 cam-02 --set site=factory-a --set hw=npu
+    """
+    import json
+
+    from shared import NAME_PATTERN
+
+    command = "fleet label"
+    if from_file is not None:
+        if devices or label:
+            fail(command, "--file replaces DEVICE... --set: give one or the other", 2)
+        try:
+            inventory = json.loads(from_file.read_text())
+        except (OSError, ValueError) as e:
+            fail(command, f"cannot read {from_file}: {e}", 2)
+    else:
+        if not devices or not label:
+            fail(command, "name devices and at least one --set LABEL=VALUE (or --file)", 2)
+        labels = parse_labels(label, "--set", command)
+        inventory = dict.fromkeys(devices, labels)
+    if not isinstance(inventory, dict) or not all(
+        isinstance(d, str) and NAME_PATTERN.fullmatch(d) for d in inventory
+    ):
+        fail(command, "the inventory maps device ids to label objects", 2)
+    client = admin_client(command, cdn, token, ca)
+    done = admin_call(command, client.set_labels, inventory)
+    typer.echo(f"labelled {len(done)} device(s)")
 
 
 fleet_app.command("simulate")(fleet_simulate)

@@ -31,11 +31,10 @@ from ._admin import (
     parse_labels,
     parse_model_at_version,
     parse_ratio,
-    plain_console,
     print_json,
 )
 from ._common import fail
-from ._rollout_view import list_table, render_progress, render_status
+from ._rollout_view import console, list_table, progress_line, render_progress, render_status
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -67,24 +66,43 @@ def _rollout() -> None:
 # -- following a rollout ---------------------------------------------------------
 
 
-def _print(renderable: RenderableType) -> None:
-    plain_console().print(renderable)
+def _print(renderable: RenderableType, wide: bool = False) -> None:
+    console(wide=wide).print(renderable)
 
 
-def _watch(command: str, client: AdminClient, status: dict[str, Any], interval_s: float) -> None:
-    """Follow the rollout until it stops; exits 0 (completed, rolled back), 3 or 4."""
+_LOG_EVERY_S = 30.0  # a progress line at least this often in a log, even without change
+
+
+def _watch(
+    command: str, client: AdminClient, status: dict[str, Any], interval_s: float, wide: bool = False
+) -> None:
+    """Follow the rollout until it stops; exits 0 (completed, rolled back), 3 or 4.
+
+    On a terminal: progress bars redrawn in place. In a log: a line whenever
+    the state, wave, installs or the reason to wait change (and every 30 s).
+    """
     from rich.live import Live
 
     rollout_id = str(status.get("id"))
-    console = plain_console()
+    out = console(wide=wide)
     try:
-        with Live(render_progress(status), console=console, auto_refresh=False) as live:
-            while status.get("state") not in _STOP_CODES:
+        if out.is_terminal:
+            with Live(render_progress(status), console=out, auto_refresh=False) as live:
+                while status.get("state") not in _STOP_CODES:
+                    time.sleep(interval_s)
+                    status = admin_call(command, client.get_rollout, rollout_id)
+                    live.update(render_progress(status), refresh=True)
+        else:
+            last, last_at = "", 0.0
+            while True:
+                line = progress_line(status)
+                if line != last or time.monotonic() - last_at >= _LOG_EVERY_S:
+                    out.print(line)
+                    last, last_at = line, time.monotonic()
+                if status.get("state") in _STOP_CODES:
+                    break
                 time.sleep(interval_s)
                 status = admin_call(command, client.get_rollout, rollout_id)
-                live.update(render_progress(status), refresh=True)
-        if not console.is_terminal:
-            console.line()  # Live ends its last frame with a newline on terminals only
     except KeyboardInterrupt:
         typer.echo(f"stopped watching {rollout_id}; the rollout itself goes on", err=True)
         raise typer.Exit(130) from None
@@ -92,7 +110,7 @@ def _watch(command: str, client: AdminClient, status: dict[str, Any], interval_s
     code = _STOP_CODES[state]
     if code:
         fail(command, f"{rollout_id} is {state}" + (f": {reason}" if reason else ""), code)
-    console.print(f"{rollout_id} {state}" + (f": {reason}" if reason else ""))
+    out.print(f"{rollout_id} {state}" + (f": {reason}" if reason else ""))
 
 
 # -- commands --------------------------------------------------------------------
@@ -184,6 +202,30 @@ MinHealthSamplesOption = Annotated[
         "--min-health-samples", help="Samples per version before the health gates decide."
     ),
 ]
+ConfidenceOption = Annotated[
+    str,
+    typer.Option(
+        "--confidence",
+        help="Health gates: confidence of each decision over a wave's looks (95%).",
+    ),
+]
+MaxSoakOption = Annotated[
+    str | None,
+    typer.Option(
+        "--max-soak",
+        help="Health gates: a wave still inconclusive this long halts "
+        "(default: 6 soaks, at least soak + 10m).",
+        show_default=False,
+    ),
+]
+MaxOutliersOption = Annotated[
+    str,
+    typer.Option(
+        "--max-outliers",
+        help="Health gates: share of each cohort that may be excluded as outliers (5%).",
+    ),
+]
+WideOption = Annotated[bool, typer.Option("--wide", help="Never cut tables to the terminal.")]
 WatchOption = Annotated[bool, typer.Option("--watch", help="Then follow it as 'status --watch'.")]
 IntervalOption = Annotated[str, typer.Option("--interval", help="Poll period for --watch.")]
 
@@ -203,8 +245,12 @@ def rollout_start(
     max_p99_ratio: MaxP99RatioOption = None,
     max_offload_increase: MaxOffloadIncreaseOption = None,
     min_health_samples: MinHealthSamplesOption = 100,
+    confidence: ConfidenceOption = "95%",
+    max_soak: MaxSoakOption = None,
+    max_outliers: MaxOutliersOption = "5%",
     watch: WatchOption = False,
     interval: IntervalOption = "2s",
+    wide: WideOption = False,
     cdn: CdnOption = DEFAULT_CDN,
     token: TokenOption = None,
     ca: CaOption = None,
@@ -213,8 +259,11 @@ def rollout_start(
     """Start a staged rollout of MODEL@VERSION to the devices matching --target.
 
     Wave by wave, each wave soaks for --soak and must stay under --max-failure
-    (and the health gates, when given) before the next starts; a tripped gate
-    halts the rollout until 'tandem rollout resume'.
+    before the next starts; with health gates (--max-agreement-drop, …) the
+    wave's devices are compared with a control cohort kept on the previous
+    version, and the wave goes on once each gate shows "not worse than its
+    margin" at --confidence, halts when one shows "worse", and halts as
+    inconclusive after --max-soak. A halt holds until 'tandem rollout resume'.
 
     Example: tandem rollout start mnist@3 --target site=factory-a --waves 5%,25%,100%
     --max-failure 2% --soak 10m --max-agreement-drop 2% --cdn http://cdn:8700
@@ -239,15 +288,21 @@ def rollout_start(
     )
     for key, option, text, parse in gates:
         body[key] = None if text is None else parse(text, option, command)
+    body["confidence"] = parse_fraction(confidence, "--confidence", command)
+    if not 0.5 <= body["confidence"] < 1:
+        fail(command, f"--confidence must be at least 50% and below 100%, got {confidence}", 2)
+    body["max_outliers"] = parse_fraction(max_outliers, "--max-outliers", command)
+    if max_soak is not None:
+        body["max_soak_s"] = parse_duration(max_soak, "--max-soak", command)
     interval_s = parse_duration(interval, "--interval", command, positive=True)
     client = admin_client(command, cdn, token, ca)
     status = admin_call(command, client.start_rollout, body)
     if as_json:
         print_json(status)
     elif not watch:
-        _print(render_status(status))
+        _print(render_status(status), wide)
     if watch:
-        _watch("rollout status", client, status, interval_s)
+        _watch("rollout status", client, status, interval_s, wide)
 
 
 def _start_request(
@@ -307,12 +362,15 @@ def rollout_status(
         ),
     ] = False,
     interval: Annotated[str, typer.Option("--interval", help="Poll period for --watch.")] = "2s",
+    wide: WideOption = False,
     cdn: CdnOption = DEFAULT_CDN,
     token: TokenOption = None,
     ca: CaOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show a rollout: state, waves (planned, installed, failed, timed out) and health.
+    """Show a rollout: state, waves (planned, installed, failed, timed out), every health
+    judgement (new and control estimates, the change, its interval, the margin,
+    devices and samples on each side, outliers) and why the wave waits.
 
     Without ID: the newest active rollout, or the list when none is active
     (with --json: {"rollouts": [...]}).
@@ -338,17 +396,17 @@ def rollout_status(
                 print_json({"rollouts": rollouts})
             elif rollouts:
                 typer.echo("no active rollout; the latest ones:")
-                _print(list_table(rollouts[:10]))
+                _print(list_table(rollouts[:10]), wide)
             else:
                 typer.echo("no rollouts yet")
             return
         status = active[0]
     if watch:
-        _watch(command, client, status, interval_s)
+        _watch(command, client, status, interval_s, wide)
     elif as_json:
         print_json(status)
     else:
-        _print(render_status(status))
+        _print(render_status(status), wide)
 
 
 def _steer(
@@ -427,6 +485,7 @@ def rollout_list(
     show_all: Annotated[
         bool, typer.Option("--all", help="Also finished ones (completed, aborted, rolled back).")
     ] = False,
+    wide: WideOption = False,
     cdn: CdnOption = DEFAULT_CDN,
     token: TokenOption = None,
     ca: CaOption = None,
@@ -444,6 +503,6 @@ def rollout_list(
     if as_json:
         print_json({"rollouts": rollouts})
     elif rollouts:
-        _print(list_table(rollouts))
+        _print(list_table(rollouts), wide)
     else:
         typer.echo("no rollouts yet" if show_all else "no active rollouts (--all lists every one)")

@@ -10,8 +10,10 @@ decide what it accepts, and its telemetry is an ``edge_agent.AgentMetrics``
 snapshot (a ``shared.DeviceReport`` on the wire); URLs come from
 ``shared.CdnPaths``. Only the model itself is simulated. Some devices can be
 told to fail installs, go offline for a while, or run a model that
-disagrees with the cloud, so rollouts are tested end to end. ``tandem fleet
-simulate`` is the command-line front end.
+disagrees with the cloud, or lie in their telemetry, so rollouts are tested
+end to end. ``tandem fleet simulate`` is the command-line front end.
+``VirtualFleet`` runs the same devices against the CDN's fleet view and
+rollout machine on a virtual clock (no network): hundreds of rollouts a minute.
 """
 
 from ._config import SimulatorConfig
@@ -19,6 +21,7 @@ from ._device import DeviceState, DeviceTraits
 from ._errors import SimulatorError
 from ._fleet import FleetSimulator
 from ._snapshot import FleetSnapshot
+from ._virtual import VirtualFleet, VirtualOutcome
 
 __all__ = [
     "DeviceState",
@@ -27,4 +30,6 @@ __all__ = [
     "FleetSnapshot",
     "SimulatorConfig",
     "SimulatorError",
+    "VirtualFleet",
+    "VirtualOutcome",
 ]

@@ -14,11 +14,12 @@ from typing import Any
 
 from shared import ConfigError, MqttSettings, PublicKey, TlsSettings, Topics, validate_name
 
-__all__ = ["SimulatorConfig"]
+__all__ = ["LIES", "SimulatorConfig"]
 
 _SITES = ("factory-a", "factory-b", "factory-c")
 _HARDWARE = ("cpu", "npu")
 _MAX_DEVICES = 100_000
+LIES = ("labels", "version", "huge", "bad", "good")
 
 
 def _rate(value: object, what: str) -> float:
@@ -73,7 +74,16 @@ class SimulatorConfig:
     ``offline_after_s`` of starting, for ``offline_for_s``; ``disagree_rate``
     of the devices, and every device while it runs one of
     ``disagree_versions``, report an edge-cloud agreement of about 60%
-    (others about 97%).
+    (others about 97%, each device its own, spread by ``agreement_spread``);
+    ``version_agreement`` and ``version_error_rate`` set a version's own
+    agreement and error rate (e.g. ``{2: 0.92}``: 5 points below 97%).
+
+    Lying devices: ``liar_rate`` of the devices forge their telemetry, as
+    ``lie`` says: ``labels`` (claim the first site and ``hw=npu``),
+    ``version`` (claim the version above the one they run), ``huge`` (10^15
+    requests, every one an error and a disagreement), ``bad`` (plausible
+    counts, every request an error and a disagreement) or ``good`` (plausible
+    counts, no error, full agreement).
     """
 
     devices: int = 10
@@ -96,6 +106,11 @@ class SimulatorConfig:
     offline_for_s: float = 10.0
     disagree_rate: float = 0.0
     disagree_versions: frozenset[int] = frozenset()
+    agreement_spread: float = 0.01  # sd of the devices' own agreement around the version's
+    version_agreement: Mapping[int, float] = field(default_factory=dict)
+    version_error_rate: Mapping[int, float] = field(default_factory=dict)
+    liar_rate: float = 0.0
+    lie: str = "bad"
     requests_per_s: tuple[float, float] = (2.0, 20.0)  # each device's request rate, drawn once
     seed: int = 0
     download_workers: int = 16  # threads sharing the CDN downloads (keep-alive connections)
@@ -141,8 +156,17 @@ class SimulatorConfig:
         object.__setattr__(self, "labels", labels)
         _seconds(self.telemetry_interval_s, "telemetry_interval_s", positive=True)
         object.__setattr__(self, "install_delay_s", _span(self.install_delay_s, "install_delay_s"))
-        for name in ("fail_rate", "offline_rate", "disagree_rate"):
+        for name in ("fail_rate", "offline_rate", "disagree_rate", "liar_rate"):
             _rate(getattr(self, name), name)
+        if self.lie not in LIES:
+            raise ConfigError(f"lie must be one of {', '.join(LIES)}, got {self.lie!r:.40}")
+        _rate(self.agreement_spread, "agreement_spread")
+        for name in ("version_agreement", "version_error_rate"):
+            rates = dict(getattr(self, name))
+            _versions(rates, name)
+            for v, rate in rates.items():
+                _rate(rate, f"{name}[{v}]")
+            object.__setattr__(self, name, rates)
         object.__setattr__(self, "fail_versions", _versions(self.fail_versions, "fail_versions"))
         object.__setattr__(
             self, "disagree_versions", _versions(self.disagree_versions, "disagree_versions")
@@ -195,5 +219,9 @@ class SimulatorConfig:
             "offline_rate": self.offline_rate,
             "disagree_rate": self.disagree_rate,
             "disagree_versions": sorted(self.disagree_versions),
+            "version_agreement": dict(self.version_agreement),
+            "version_error_rate": dict(self.version_error_rate),
+            "liar_rate": self.liar_rate,
+            "lie": self.lie,
             "seed": self.seed,
         }

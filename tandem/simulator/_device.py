@@ -35,7 +35,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from types import MappingProxyType
 
@@ -51,6 +51,7 @@ from edge_agent import (
 from edge_agent.updater import TrustRecord, UpdateTrust
 from shared import (
     Assignment,
+    DeviceReport,
     ModelManifest,
     UpdateState,
     UpdateStatus,
@@ -86,6 +87,8 @@ class DeviceTraits:
     offline_at_s: float | None  # seconds after the fleet starts; None: stays online
     requests_per_s: float
     p50_ms: float
+    agreement_offset: float = 0.0  # this device's agreement minus its version's
+    lies: str | None = None  # what it forges in its telemetry (SimulatorConfig.lie)
 
 
 def draw_traits(config: SimulatorConfig) -> list[DeviceTraits]:
@@ -98,6 +101,8 @@ def draw_traits(config: SimulatorConfig) -> list[DeviceTraits]:
     failing = chosen("fail", config.fail_rate)
     disagreeing = chosen("disagree", config.disagree_rate)
     offline = chosen("offline", config.offline_rate)
+    liars = chosen("liar", config.liar_rate)
+    spread = random.Random(f"{config.seed}/spread")
     rng = random.Random(f"{config.seed}/traits")
     low, high = config.requests_per_s
     traits = []
@@ -110,6 +115,8 @@ def draw_traits(config: SimulatorConfig) -> list[DeviceTraits]:
                 offline_at_s=offline_at,
                 requests_per_s=rng.uniform(low, high),
                 p50_ms=rng.uniform(2.0, 12.0),
+                agreement_offset=spread.gauss(0.0, config.agreement_spread),
+                lies=config.lie if i in liars else None,
             )
         )
     return traits
@@ -172,6 +179,8 @@ class SimulatedDevice:
         self.failures = 0
         self._fail_versions = config.fail_versions
         self._disagree_versions = config.disagree_versions
+        self._version_agreement = dict(config.version_agreement)
+        self._version_error_rate = dict(config.version_error_rate)
         self._install_delay = config.install_delay_s
         self._rng = random.Random(f"{config.seed}/{device}")
         self._pending: bytes | None = None  # an assignment that came during an install
@@ -258,22 +267,9 @@ class SimulatedDevice:
     def telemetry(self, now: float) -> AgentMetrics:
         """The agent's snapshot with the counters advanced to ``now``, as a real device's
         ``TelemetryReporter`` publishes it (``to_json``); the per-version counters count
-        since this version started serving."""
-        elapsed = max(0.0, now - self._last_tick)
-        self._last_tick = now
-        expected = self.traits.requests_per_s * elapsed
-        new = int(expected) + (self._rng.random() < expected - int(expected))
-        offloads = _binomial(self._rng, new, OFFLOAD_RATE)
-        disagrees = self.traits.disagrees or self.running_version in self._disagree_versions
-        agreed = _binomial(self._rng, offloads, DISAGREEMENT if disagrees else AGREEMENT)
-        self.requests += new
-        self.errors += _binomial(self._rng, new, ERROR_RATE)
-        self.offloads += offloads
-        self.agreed += agreed
+        since this version started serving. A lying device forges it (``traits.lies``)."""
+        p50, p99 = self._advance(now)
         life = self._lifetime
-        life.add(new, offloads, agreed)
-        p50 = round(self.traits.p50_ms * self._rng.uniform(0.9, 1.1), 3) if self.requests else None
-        p99 = round(p50 * self._rng.uniform(3.0, 5.0), 3) if p50 is not None else None
         stats = AgentStats(
             requests=life.requests,
             by_source=Counter(
@@ -294,7 +290,7 @@ class SimulatedDevice:
             p99_ms=p99,
             since=self._since,
         )
-        return AgentMetrics.from_snapshot(
+        metrics = AgentMetrics.from_snapshot(
             AgentSnapshot(
                 device_id=self.device,
                 labels=dict(self.labels),
@@ -319,6 +315,51 @@ class SimulatedDevice:
                 taken_at=now,
             )
         )
+        return forge(metrics, self.traits.lies) if self.traits.lies else metrics
+
+    def report(self, now: float) -> DeviceReport:
+        """What ``telemetry(now)`` says, as the fleet reads it (cheaper: no agent snapshot)."""
+        p50, p99 = self._advance(now)
+        report = DeviceReport(
+            device=self.device,
+            at=now,
+            labels=dict(self.labels),
+            capabilities={"runtime": SIMULATED, "provider": SIMULATED},
+            model=self.model,
+            version=self.running_version,
+            requests=self.requests,
+            errors=self.errors,
+            offloads=self.offloads,
+            agreement_samples=self.offloads,
+            agreed=self.agreed,
+            p50_ms=p50,
+            p99_ms=p99,
+        )
+        return forge_report(report, self.traits.lies) if self.traits.lies else report
+
+    def _advance(self, now: float) -> tuple[float | None, float | None]:
+        """Count the requests since the last call; (p50, p99) of the recent window."""
+        elapsed = max(0.0, now - self._last_tick)
+        self._last_tick = now
+        expected = self.traits.requests_per_s * elapsed
+        new = int(expected) + (self._rng.random() < expected - int(expected))
+        offloads = _binomial(self._rng, new, OFFLOAD_RATE)
+        agreed = _binomial(self._rng, offloads, self._agreement())
+        self.requests += new
+        error_rate = self._version_error_rate.get(self.running_version, ERROR_RATE)
+        self.errors += _binomial(self._rng, new, error_rate)
+        self.offloads += offloads
+        self.agreed += agreed
+        self._lifetime.add(new, offloads, agreed)
+        p50 = round(self.traits.p50_ms * self._rng.uniform(0.9, 1.1), 3) if self.requests else None
+        p99 = round(p50 * self._rng.uniform(3.0, 5.0), 3) if p50 is not None else None
+        return p50, p99
+
+    def _agreement(self) -> float:
+        v = self.running_version
+        disagrees = self.traits.disagrees or v in self._disagree_versions
+        base = self._version_agreement.get(v, DISAGREEMENT if disagrees else AGREEMENT)
+        return min(1.0, max(0.0, base + self.traits.agreement_offset))
 
     def accept_manifest(self, raw: bytes | None, assignment: Assignment) -> ModelManifest:
         """The manifest if it is signed, current and the one ``assignment`` asks for.
@@ -420,10 +461,64 @@ class _Lifetime:
 
 
 def _binomial(rng: random.Random, n: int, p: float) -> int:
-    """A binomial draw: exact for small ``n``, the normal approximation beyond (cheap)."""
-    if n <= 0:
+    """A binomial draw: exact (waiting times between successes) while ``n·min(p, 1-p)``
+    is small, the normal approximation beyond, where clipping it to [0, n] no longer
+    biases it. (The former cut-over at n = 10 clipped draws of a 97% rate at n and so
+    lowered high rates by up to 0.8 points: a bias between cohorts of unequal draws.)"""
+    if n <= 0 or p <= 0.0:
         return 0
-    if n < 10:
-        return sum(rng.random() < p for _ in range(n))
+    if p >= 1.0:
+        return n
+    if p > 0.5:
+        return n - _binomial(rng, n, 1.0 - p)
+    if n * p < 50:
+        log_q = math.log1p(-p)
+        k = position = 0
+        while True:
+            position += int(math.log(1.0 - rng.random()) / log_q) + 1
+            if position > n:
+                return k
+            k += 1
     mean, sd = n * p, math.sqrt(n * p * (1 - p))
     return min(n, max(0, round(rng.gauss(mean, sd))))
+
+
+_HUGE = 10**15
+
+
+def forge(metrics: AgentMetrics, lie: str) -> AgentMetrics:
+    """What a lying device publishes instead of ``metrics`` (``SimulatorConfig.lie``)."""
+    s = metrics.serving
+    if lie == "labels":
+        return replace(metrics, labels={"site": "factory-a", "hw": "npu"})
+    if lie == "version":
+        version = (metrics.version or 0) + 1
+        return replace(
+            metrics, version=version, model_versions={"edge": f"{metrics.model}@{version}"}
+        )
+    if lie == "huge":
+        counters = ModelCounters(
+            requests=_HUGE, errors=_HUGE, offloads=_HUGE, agreement_samples=_HUGE, agreed=0
+        )
+    elif lie == "bad":
+        counters = replace(s, errors=s.requests, agreed=0)
+    else:  # good
+        counters = replace(s, errors=0, agreed=s.agreement_samples)
+    return replace(
+        metrics, serving=replace(counters, p50_ms=s.p50_ms, p99_ms=s.p99_ms, since=s.since)
+    )
+
+
+def forge_report(report: DeviceReport, lie: str) -> DeviceReport:
+    """``forge`` for a ``DeviceReport``."""
+    if lie == "labels":
+        return replace(report, labels={"site": "factory-a", "hw": "npu"})
+    if lie == "version":
+        return replace(report, version=(report.version or 0) + 1)
+    if lie == "huge":
+        return replace(
+            report, requests=_HUGE, errors=_HUGE, offloads=_HUGE, agreement_samples=_HUGE, agreed=0
+        )
+    if lie == "bad":
+        return replace(report, errors=report.requests, agreed=0)
+    return replace(report, errors=0, agreed=report.agreement_samples)
