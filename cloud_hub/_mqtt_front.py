@@ -69,7 +69,7 @@ from shared import (
 from ._backend import Backend, Outcome
 from ._batcher import HubResult
 from ._collect import ExampleCollector, Pending
-from ._errors import BadRequestError, BrokerError, HubError, error_code
+from ._errors import BadRequestError, BrokerError, HubError, InvalidRequestError, error_code
 from ._wire import ReplyTarget, reply_topic_allowed, salvage_target
 
 __all__ = ["MqttFront", "ReplyObserver"]
@@ -172,7 +172,7 @@ class MqttFront:
         log.info("hub %s disconnected", self.session.client_id)
 
     def stats(self) -> dict[str, int]:
-        """Counters: received, replied_ok, replied_<error code>, dropped, publish_failed."""
+        """Counters: received, probes, replied_ok, replied_<error code>, dropped, publish_failed."""
         total: Counter[str] = Counter()
         for counts in list(self._counters):
             total.update(dict(counts))
@@ -243,6 +243,9 @@ class MqttFront:
             self._reject(target, error, topic)
             return
         tensors, request.tensors = request.tensors, {}  # the target keeps the header only
+        if not tensors:
+            self._answer_probe(target)
+            return
         lesson = None if self._collector is None else self._collector.admit(request, tensors)
         try:
             self.backend.submit(
@@ -255,6 +258,27 @@ class MqttFront:
             )
         except Exception as e:  # HubError: typed; anything else: INTERNAL, the hub goes on
             self._reject(target, e, topic)
+
+    def _answer_probe(self, target: ReplyTarget) -> None:
+        """A request without tensors is a device asking whether its model is served.
+
+        Answered as before (``unknown_model``, or ``invalid_input`` when served,
+        since nothing can be computed), but counted as a probe, not as a
+        failed request of the model: every device sends one per connect.
+        """
+        self._count("probes")
+        try:
+            info = self.backend.describe(target.model, target.model_version)
+            outcome: BaseException = InvalidRequestError(
+                f"a request without tensors (a probe): {info.model}@{info.version} is served"
+            )
+        except Exception as e:  # HubError: unknown model, stopping
+            outcome = e
+        try:
+            reply, frame = self._reply_for(target, outcome)
+            self._publish(target, reply, frame)
+        except Exception:
+            log.exception("could not answer probe %s", target.request_id)
 
     def _reject(self, target: ReplyTarget | None, error: BaseException, topic: str) -> None:
         if target is None:

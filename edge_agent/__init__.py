@@ -33,6 +33,7 @@ from ._errors import (
     UplinkError,
 )
 from ._estimator import Ewma, LatencyEstimator, NetworkEstimator
+from ._learned import InputFeatures, LearnedScore, output_features
 from ._outcome import FallbackReason
 from ._policy import Decision, HeavyCheck, OffloadPolicy, RequestFacts, Route, UncertainCheck
 from ._report import AgentMetrics, TelemetryReporter
@@ -64,11 +65,13 @@ __all__ = [
     "HeavyCheck",
     "InferenceError",
     "InferenceResult",
+    "InputFeatures",
     "IntegrityError",
     "InvalidInputError",
     "LatencyBreakdown",
     "LatencyEstimator",
     "LatencyWindow",
+    "LearnedScore",
     "ModelCounters",
     "ModelLoadError",
     "ModelRuntime",
@@ -96,5 +99,6 @@ __all__ = [
     "load_runtime",
     "margin",
     "max_probability",
+    "output_features",
     "to_probabilities",
 ]

@@ -33,9 +33,15 @@ class EdgeAgent(BaseAgent):
     """The blocking agent. Thread-safe: call ``infer`` from any number of threads."""
 
     def start(self, *, wait_s: float | None = 5.0) -> EdgeAgent:
-        """Connect the uplink (if any); waits up to ``wait_s`` for the broker."""
+        """Connect the uplink (if any); waits up to ``wait_s`` for the first connection attempt.
+
+        Returns as soon as the broker answers or the attempt fails; without a
+        broker it logs one line saying what the agent does meanwhile, and keeps
+        retrying in the background.
+        """
         if self.uplink is not None:
             self.uplink.start(wait_s=wait_s)
+            self._uplink_started()
         return self
 
     def close(self) -> None:
@@ -75,7 +81,7 @@ class EdgeAgent(BaseAgent):
             return outcome.result
         if call.local_outputs is None:
             if call.runtime is None:
-                raise self._no_answer(outcome.reason)
+                raise self._no_answer(outcome)
             self._run_local(call)
         return self._fallback_result(call, outcome.reason)
 
@@ -84,7 +90,8 @@ class EdgeAgent(BaseAgent):
         if isinstance(wait_ms, Fallback):
             return wait_ms
         try:
-            reply = self._send(call, wait_ms).result(timeout=wait_ms / 1000.0)
+            future = self._send(call, wait_ms)
+            reply = future.result(timeout=self._wait_left_s(call))
         except (TimeoutError, UplinkError) as e:
             return self._cloud_failed(call, e)
         return self._cloud_answered(call, reply, decision.reason)
@@ -111,6 +118,7 @@ class AsyncEdgeAgent(BaseAgent):
     async def start(self, *, wait_s: float | None = 5.0) -> AsyncEdgeAgent:
         if self.uplink is not None:
             await asyncio.to_thread(self.uplink.start, wait_s=wait_s)
+            self._uplink_started()
         return self
 
     async def close(self) -> None:
@@ -149,7 +157,7 @@ class AsyncEdgeAgent(BaseAgent):
             return outcome.result
         if call.local_outputs is None:
             if call.runtime is None:
-                raise self._no_answer(outcome.reason)
+                raise self._no_answer(outcome)
             await self._run_local(call)
         return self._fallback_result(call, outcome.reason)
 
@@ -159,7 +167,7 @@ class AsyncEdgeAgent(BaseAgent):
             return wait_ms
         try:
             future = self._send(call, wait_ms)
-            reply = await asyncio.wait_for(asyncio.wrap_future(future), wait_ms / 1000.0)
+            reply = await asyncio.wait_for(asyncio.wrap_future(future), self._wait_left_s(call))
         except (TimeoutError, UplinkError) as e:
             return self._cloud_failed(call, e)
         return self._cloud_answered(call, reply, decision.reason)

@@ -8,11 +8,15 @@ httpx's Client/AsyncClient do.
 
 Invariants: every valid call returns an ``InferenceResult`` (the only error
 for a valid request is ``NoAnswerError``, when the model is not on the device
-and the cloud failed); the wait for the cloud ends early enough to run the
-local model within the deadline when it has not run yet (its predicted time
-is reserved); the cloud answer wins when it arrives in time; a timeout, a
-lost broker, an open circuit breaker or an ``overloaded`` reply yields the
-local answer marked ``edge-fallback``.
+and the cloud failed); an invalid one raises ``InvalidInputError`` naming
+the problem, before anything runs (names, dtype, shape, size, an empty
+batch, NaN or infinity unless ``allow_non_finite``), or, with no local model
+to check it, when the hub refuses it for what it carries; the wait for the
+cloud ends early enough to run the local model within the deadline when it
+has not run yet (a slow run's time and how late waits wake are reserved,
+see ``_cloud_wait_ms``); the cloud answer wins when
+it arrives in time; a timeout, a lost broker, an open circuit breaker or an
+``overloaded`` reply yields the local answer marked ``edge-fallback``.
 
 Why the local answer stood in for the cloud's is a ``FallbackReason`` (see
 ``_outcome``); one try of the cloud ends in a typed ``CloudOutcome``.
@@ -50,10 +54,19 @@ import numpy as np
 from shared import Limits, Message, MqttSettings, Topics, TransferOptions
 
 from ._breaker import CircuitBreaker
-from ._errors import InvalidInputError, NoAnswerError
-from ._estimator import LatencyEstimator, NetworkEstimator
+from ._cloud_probe import CloudProbe
+from ._errors import EdgeError, InvalidInputError
+from ._estimator import DecayingMax, LatencyEstimator, NetworkEstimator
 from ._inflight import InflightCounter
-from ._outcome import CloudAnswer, CloudOutcome, Fallback, FallbackReason, hub_unavailable
+from ._input_values import check_values
+from ._outcome import (
+    CloudAnswer,
+    CloudOutcome,
+    Fallback,
+    FallbackReason,
+    hub_unavailable,
+    no_answer_error,
+)
 from ._policy import Decision, OffloadPolicy, RequestFacts
 from ._report import AgentMetrics
 from ._result import InferenceResult, LatencyBreakdown, Source
@@ -83,6 +96,7 @@ class Call:
     local_outputs: dict[str, np.ndarray] | None = None
     local_ms: float = 0.0
     score: float | None = None
+    wake_at: float = 0.0  # perf_counter time at which the wait for the cloud must end
 
     def elapsed_ms(self) -> float:
         return (_now() - self.started) * 1000.0
@@ -119,18 +133,25 @@ class BaseAgent:
         safety_margin_ms: float = 1.0,
         latency_window: int = 1024,
         labels: Mapping[str, str] | None = None,
+        allow_non_finite: bool = False,
+        probe_cloud: bool = True,
     ) -> None:
         self.labels = check_labels(labels)  # reported in telemetry, e.g. {"site": "factory-a"}
         self._latency_window = latency_window
         self.runtime = load_runtime(model) if isinstance(model, str | Path) else model
-        if self.runtime is None and cloud_model is None:
-            raise ValueError("give a local model, a cloud_model, or both")
-        if self.runtime is None and broker is None:
-            raise ValueError("an agent without a local model needs a broker")
+        if self.runtime is None and (cloud_model is None or broker is None):
+            raise ValueError(
+                "no local model (on a fresh device, ModelUpdater.bootstrap returns None until "
+                "the first install), so the agent answers from the cloud: give broker= and "
+                "cloud_model= (the hub's model name), and input_name= to call it with an array"
+            )
         if default_deadline_ms <= 0:
             raise ValueError("default_deadline_ms must be positive")
         self.device_id = device_id
+        # Without cloud_model the hub is asked for the edge model's name; the probe sent on
+        # connect says so in one line if the hub serves no such model.
         self.cloud_model = cloud_model or (self.runtime.name if self.runtime else "")
+        self.allow_non_finite = allow_non_finite  # NaN/inf inputs pass (models that take them)
         self.cloud_version = cloud_version
         self.input_name = input_name
         self.default_deadline_ms = default_deadline_ms
@@ -142,6 +163,9 @@ class BaseAgent:
         self.policy = policy
         self.breaker = breaker or CircuitBreaker()
         self.local_estimator = local_estimator or LatencyEstimator()
+        # How much later than asked a wait for the cloud returned (ms): the thread must be
+        # scheduled again and take the GIL, which on a busy device costs milliseconds.
+        self.wake_lateness_ms = DecayingMax(half_life_s=2.0)
         self.network_estimator = network_estimator or NetworkEstimator()
         # Answered calls by (source, reason, deadline met): one increment per call; the
         # totals ``stats`` reports are summed when read.
@@ -156,11 +180,35 @@ class BaseAgent:
         self.telemetry = TelemetryRecorder(window=latency_window)
         self._local_inflight = InflightCounter()
         self.uplink: MqttUplink | None = None
+        self.cloud_probe: CloudProbe | None = None
         if broker is not None:
             settings = broker if isinstance(broker, MqttSettings) else MqttSettings.from_url(broker)
-            self.uplink = MqttUplink(
-                settings, device_id=device_id, topics=topics, transfer=transfer, limits=limits
+            self._attach_uplink(
+                MqttUplink(
+                    settings, device_id=device_id, topics=topics, transfer=transfer, limits=limits
+                ),
+                cloud_model_given=cloud_model is not None,
+                probe=probe_cloud,
             )
+
+    def _attach_uplink(self, uplink: MqttUplink, *, cloud_model_given: bool, probe: bool) -> None:
+        """Use ``uplink``; late replies heard by the breaker; with ``probe``, hub probes.
+
+        ``probe_cloud=False`` sends none (each costs the hub a failed-request count).
+        """
+        cloud_probe = CloudProbe(
+            uplink,
+            self.breaker,
+            model=self.cloud_model,
+            version=self.cloud_version,
+            id_prefix=self._id_prefix,
+            defaulted=not cloud_model_given,
+        )
+        uplink.on_late_reply = self._late_reply
+        self.uplink = uplink
+        if probe:
+            uplink.on_connected = cloud_probe.send
+            self.cloud_probe = cloud_probe
 
     @property
     def runtime(self) -> ModelRuntime | None:
@@ -202,6 +250,7 @@ class BaseAgent:
             named = runtime.validate_array(inputs)
         else:
             named = runtime.validate(self._name_inputs(inputs, runtime))
+        check_values(named, allow_non_finite=self.allow_non_finite)
         if deadline_ms is None:
             deadline = self.default_deadline_ms
         else:
@@ -259,7 +308,9 @@ class BaseAgent:
         uncertain = policy.uncertain
         if uncertain is None:
             return policy.after(None)  # no score: call.score stays None
-        decision = policy.after(uncertain.scores(call.local_outputs))
+        decision = policy.after(
+            uncertain.scores(call.local_outputs, call.inputs if uncertain.uses_inputs else None)
+        )
         call.score = decision.score
         return decision
 
@@ -269,18 +320,40 @@ class BaseAgent:
         self.local_estimator.observe(local_ms)
 
     def _cloud_wait_ms(self, call: Call) -> float | Fallback:
-        """How long the cloud may take, or why it must not be tried now."""
+        """How long the cloud may take, or why it must not be tried now; sets ``wake_at``.
+
+        Held back from the deadline: the safety margin, how late recent waits
+        woke up (the largest, halved every 2 s: a late wake-up means a busy
+        device, which lasts a while; capped at a quarter of the deadline, so
+        one long stall cannot keep the cloud from being tried), and, when the
+        local model has not run yet, a slow local run (the 97th percentile of
+        recent ones, not the average: the run after a wait is often slower,
+        and a fallback that ends late breaks its deadline).
+        """
         if self.uplink is None:
             return Fallback(FallbackReason.NO_UPLINK)
         if not self.breaker.allow():
+            if self.cloud_probe is not None:
+                self.cloud_probe.on_breaker_open()
             return Fallback(FallbackReason.BREAKER_OPEN)
-        reserve = self.safety_margin_ms
+        lateness = min(self.wake_lateness_ms.get(), call.deadline_ms * 0.25)
+        reserve = self.safety_margin_ms + lateness
         if call.local_outputs is None:
-            reserve += self.local_estimator.predict_ms(self._local_inflight.value)
-        wait_ms = call.deadline_ms - call.elapsed_ms() - reserve
+            reserve += self.local_estimator.predict_high_ms(self._local_inflight.value)
+        now = _now()
+        wait_ms = call.deadline_ms - (now - call.started) * 1000.0 - reserve
         if wait_ms <= 0:
             return Fallback(FallbackReason.NO_TIME)
+        call.wake_at = now + wait_ms / 1000.0
         return wait_ms
+
+    def _wait_left_s(self, call: Call) -> float:
+        """Seconds left to wait once the request is out (sending took some of ``wait_ms``)."""
+        return max(0.0, call.wake_at - _now())
+
+    def _woke(self, call: Call) -> None:
+        """A wait for the cloud ran out: learn how late this thread got back."""
+        self.wake_lateness_ms.observe(max(0.0, (_now() - call.wake_at) * 1000.0))
 
     def _send(self, call: Call, wait_ms: float) -> Future[Message]:
         assert self.uplink is not None
@@ -297,6 +370,8 @@ class BaseAgent:
         return future
 
     def _cloud_failed(self, call: Call, error: BaseException) -> Fallback:
+        if isinstance(error, TimeoutError):
+            self._woke(call)
         if self.uplink is not None:
             self.uplink.forget(call.request_id)
         self.breaker.record_failure()
@@ -306,7 +381,7 @@ class BaseAgent:
         """The result for a hub reply, or why the local answer must do when it is an error."""
         if not reply.ok:
             if hub_unavailable(reply.error):
-                self.breaker.record_failure()
+                self.breaker.record_failure(answered=True)
             else:  # the hub is up but cannot take this request
                 self.breaker.record_success()
                 log.warning(
@@ -315,7 +390,7 @@ class BaseAgent:
                     reply.error,
                     reply.error_message,
                 )
-            return Fallback(FallbackReason.for_error(reply.error))
+            return Fallback(FallbackReason.for_error(reply.error), reply.error_message)
         self.breaker.record_success()
         total_ms = call.elapsed_ms()
         timing = reply.reply_timing
@@ -347,9 +422,32 @@ class BaseAgent:
         latency = LatencyBreakdown(total_ms=call.elapsed_ms(), local_ms=call.local_ms)
         return self._finish(call, call.local_outputs, Source.EDGE_FALLBACK, reason, latency)
 
-    def _no_answer(self, reason: FallbackReason) -> NoAnswerError:
-        return NoAnswerError(
-            f"model {self.cloud_model!r} is not on this device and the cloud failed ({reason})"
+    def _no_answer(self, outcome: Fallback) -> EdgeError:
+        """The error for a call with no local model whose cloud try failed."""
+        return no_answer_error(self.cloud_model, outcome)
+
+    def _late_reply(self, reply: Message) -> None:
+        """A hub reply that came after its request gave up: the hub is there again."""
+        if reply.ok:
+            self.breaker.probe_now()
+
+    def _uplink_started(self) -> None:
+        """One line when ``start`` returns without a broker: what happens meanwhile."""
+        uplink = self.uplink
+        if uplink is None or uplink.connected:
+            return
+        if self.runtime is not None:
+            meanwhile = (
+                "answering locally meanwhile: requests that want the cloud get the local "
+                "answer (fallback:broker_unavailable)"
+            )
+        else:
+            meanwhile = "no local model, so requests raise NoAnswerError until it connects"
+        log.warning(
+            "broker %s %s; %s; retrying in the background",
+            uplink.settings.url,
+            uplink.connect_problem or "not connected yet",
+            meanwhile,
         )
 
     def _edge_result(self, call: Call, reason: str) -> InferenceResult:
@@ -446,17 +544,14 @@ class BaseAgent:
             raise ValueError("calibration needs a local model")
         named = self._name_inputs(samples, runtime)
         n = next(iter(named.values())).shape[0]
-        outputs = []
+        if n == 0:
+            raise ValueError("calibrate() needs at least one sample")
+        batches = []
         for start in range(0, n, batch_size):
             chunk = {k: v[start : start + batch_size] for k, v in named.items()}
-            outputs.append(runtime.run(chunk))
-        return self.policy.calibrate(_per_row(outputs))
-
-
-def _per_row(batches: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
-    """Calibration scores per request: each row of each batch is one request."""
-    rows: list[np.ndarray] = []
-    for out in batches:
-        first = next(iter(out.values()))
-        rows.extend(first[i : i + 1] for i in range(first.shape[0]))
-    return rows
+            batches.append(runtime.run(chunk))
+        # One row per request: the outputs of every batch, stacked, score row by row.
+        outputs = {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
+        uncertain = self.policy.uncertain
+        inputs = named if uncertain is not None and uncertain.uses_inputs else None
+        return self.policy.calibrate(outputs, inputs=inputs)

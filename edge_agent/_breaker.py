@@ -7,10 +7,14 @@ States and transitions (``failure_threshold`` consecutive failures open it)::
        |                     +------ probe failed --------+  (cool-down doubles,
        +------------------- probe succeeded --------------+   up to max_cooldown_s)
 
-Invariants: while OPEN, ``allow()`` is false until the cool-down ends; in
-HALF_OPEN exactly one caller at a time is let through as the probe; any
-success closes the breaker and resets the cool-down. Pure logic with an
-injectable clock; thread-safe.
+Invariants: while OPEN, ``allow()`` is false until the cool-down ends, or,
+when what opened it was silence (``record_failure(answered=False)``: a
+timeout, a lost broker), until ``probe_now()`` says the cloud was heard from
+again (a late reply, an answered hub probe after a reconnect), whichever
+comes first; a hub that answered "overloaded" was never gone, so hearing
+from it does not cut its cool-down short. In HALF_OPEN exactly one caller at
+a time is let through as the probe; any success closes the breaker and
+resets the cool-down. Pure logic with an injectable clock; thread-safe.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class CircuitBreaker:
         self._cooldown_s = cooldown_s
         self._opened_at = 0.0
         self._probe_started: float | None = None
+        self._last_answered = False  # was the last failure a reply (overloaded, …)?
 
     @property
     def state(self) -> BreakerState:
@@ -79,8 +84,32 @@ class CircuitBreaker:
             self._cooldown_s = self.base_cooldown_s
             self._probe_started = None
 
-    def record_failure(self) -> None:
+    @property
+    def awaiting_silence(self) -> bool:
+        """OPEN because the cloud went silent: hearing from it would end the cool-down."""
         with self._lock:
+            self._tick()
+            return self._state is BreakerState.OPEN and not self._last_answered
+
+    def probe_now(self) -> None:
+        """End an open breaker's cool-down now: the next ``allow()`` lets one probe through.
+
+        For evidence that the cloud is back which the cool-down cannot see: a
+        reply that came after its request gave up, a hub probe answered after a
+        reconnect. Only a breaker opened by silence listens: one opened by
+        error replies (overloaded, …) keeps its cool-down. A failing probe
+        still doubles the cool-down, so a hub that is heard from but cannot
+        answer in time is not flooded.
+        """
+        with self._lock:
+            if self._state is BreakerState.OPEN and not self._last_answered:
+                self._state = BreakerState.HALF_OPEN
+                self._probe_started = None
+
+    def record_failure(self, *, answered: bool = False) -> None:
+        """One failed call; ``answered``: the hub replied with an error (it is there)."""
+        with self._lock:
+            self._last_answered = answered
             self._tick()
             if self._state is BreakerState.HALF_OPEN:
                 self._cooldown_s = min(self._cooldown_s * 2, self.max_cooldown_s)

@@ -4,7 +4,9 @@ Exception tree::
 
     shared.TandemError
     └── EdgeError                        base of the SDK's errors
-        ├── InvalidInputError (ValueError)   wrong tensor names, dtype, shape or size
+        ├── InvalidInputError (ValueError)   wrong tensor names, dtype, shape or size, an
+        │                                    empty batch, NaN/inf values; or (no local
+        │                                    model) an input the hub refused
         ├── ModelLoadError                   model file missing, corrupt, or no runtime for it
         │   └── RuntimeUnavailableError      the runtime package is not installed
         ├── InferenceError                   the local runtime failed on valid input
@@ -63,7 +65,7 @@ class EdgeError(TandemError):
 
 
 class InvalidInputError(EdgeError, ValueError):
-    """Tensor names, dtype, shape or size that the model cannot take."""
+    """Tensor names, dtype, shape, size or values (empty, NaN, inf) the model cannot take."""
 
 
 class ModelLoadError(EdgeError):

@@ -3,16 +3,31 @@
 The heavy check compares ``predict_local_ms`` with ``predict_offload_ms(nbytes)``
 against a deadline. Both are exponentially weighted moving averages (EWMA)
 fed by real calls; before the first sample each returns its configured prior,
-so a fresh device makes sensible choices. Pure arithmetic; thread-safe enough
-for CPython (float stores are atomic and an occasional lost update only
-delays convergence).
+so a fresh device makes sensible choices.
+
+What a deadline must hold back is a different figure: not the typical local
+run but a slow one, or a fallback ends late whenever the run after a wait
+takes longer than average (it often does: caches went cold while the thread
+waited). ``RecentHigh`` is a high quantile of the last few samples (by
+default the 97th percentile: of 64 samples, the third largest): it follows
+the slow runs, but one or two freak spikes (a page fault, a first run) do
+not hold back every deadline after them; ``LatencyEstimator.predict_high_ms``
+is the local run's. ``DecayingMax`` is the largest recent sample, fading
+with a half-life in time rather than in samples: for figures sampled only
+now and then (how late a timed-out wait woke up), where a window of samples
+would keep one old spike for hours. Pure arithmetic; thread-safe enough for
+CPython (float stores and deque appends are atomic, and an occasional lost
+update only delays convergence).
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Ewma", "LatencyEstimator", "NetworkEstimator"]
+__all__ = ["DecayingMax", "Ewma", "LatencyEstimator", "NetworkEstimator", "RecentHigh"]
 
 
 @dataclass
@@ -35,17 +50,72 @@ class Ewma:
         return self.prior if self.value is None else self.value
 
 
-class LatencyEstimator:
-    """Local compute time per call, scaled by how many calls are queued ahead."""
+class RecentHigh:
+    """The ``quantile`` of the last ``window`` samples; ``prior`` until the first one."""
 
-    def __init__(self, *, prior_ms: float = 5.0, alpha: float = 0.2) -> None:
+    def __init__(self, *, window: int = 64, quantile: float = 0.97, prior: float = 0.0) -> None:
+        if window < 1 or not 0.0 <= quantile <= 1.0:
+            raise ValueError("need window >= 1 and 0 <= quantile <= 1")
+        self.prior = prior
+        self.quantile = quantile
+        self._samples: deque[float] = deque(maxlen=window)
+
+    def observe(self, sample: float) -> None:
+        self._samples.append(sample)
+
+    def get(self) -> float:
+        samples = sorted(self._samples)  # a few dozen floats: microseconds, offloads only
+        if not samples:
+            return self.prior
+        return samples[round(self.quantile * (len(samples) - 1))]
+
+
+class DecayingMax:
+    """The largest sample, halved every ``half_life_s`` since it was seen; 0 before any."""
+
+    def __init__(
+        self, *, half_life_s: float = 2.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if not half_life_s > 0:
+            raise ValueError("half_life_s must be positive")
+        self.half_life_s = half_life_s
+        self._clock = clock
+        self._value = 0.0
+        self._at = clock()
+
+    def observe(self, sample: float) -> None:
+        now = self._clock()
+        self._value = max(sample, self._decayed(now))
+        self._at = now
+
+    def get(self) -> float:
+        return self._decayed(self._clock())
+
+    def _decayed(self, now: float) -> float:
+        return self._value * 0.5 ** (max(0.0, now - self._at) / self.half_life_s)
+
+
+class LatencyEstimator:
+    """Local compute time per call, scaled by how many calls are queued ahead.
+
+    ``predict_ms``: the typical run (EWMA), for routing. ``predict_high_ms``:
+    a slow one (the 97th percentile of the last ``window`` runs), for what a
+    deadline must reserve.
+    """
+
+    def __init__(self, *, prior_ms: float = 5.0, alpha: float = 0.2, window: int = 64) -> None:
         self.compute_ms = Ewma(alpha, prior_ms)
+        self.high_ms = RecentHigh(window=window, prior=prior_ms)
 
     def observe(self, compute_ms: float) -> None:
         self.compute_ms.update(compute_ms)
+        self.high_ms.observe(compute_ms)
 
     def predict_ms(self, queue_depth: int = 0) -> float:
         return self.compute_ms.get() * (1 + max(0, queue_depth))
+
+    def predict_high_ms(self, queue_depth: int = 0) -> float:
+        return self.high_ms.get() * (1 + max(0, queue_depth))
 
 
 class NetworkEstimator:

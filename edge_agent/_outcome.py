@@ -20,6 +20,7 @@ from typing import TypeAlias
 
 from shared import ErrorCode
 
+from ._errors import EdgeError, InvalidInputError, NoAnswerError
 from ._result import InferenceResult
 
 __all__ = [
@@ -28,7 +29,9 @@ __all__ = [
     "CloudOutcome",
     "Fallback",
     "FallbackReason",
+    "blames_input",
     "hub_unavailable",
+    "no_answer_error",
 ]
 
 FALLBACK_PREFIX = "fallback:"
@@ -90,9 +93,47 @@ class CloudAnswer:
 
 @dataclass(frozen=True, slots=True)
 class Fallback:
-    """The cloud did not answer usefully: the local answer stands, for ``reason``."""
+    """The cloud did not answer usefully: the local answer stands, for ``reason``.
+
+    ``detail``: the hub's own error message when it answered with an error.
+    """
 
     reason: FallbackReason
+    detail: str = ""
+
+
+# Hub errors that blame the request, not the cloud: with no local model to stand in,
+# the caller gets them as ``InvalidInputError`` rather than "the cloud failed".
+_BLAMES_INPUT = frozenset(
+    code.value for code in (ErrorCode.INVALID_INPUT, ErrorCode.BAD_REQUEST, ErrorCode.TOO_LARGE)
+)
+
+
+def blames_input(reason: FallbackReason) -> bool:
+    """Whether the hub refused this request for what it carried (shape, dtype, size)."""
+    return reason.cause in _BLAMES_INPUT
+
+
+def no_answer_error(cloud_model: str, outcome: Fallback) -> EdgeError:
+    """What a call with no local model raises when its try of the cloud came to ``outcome``.
+
+    The input's fault, which only the hub could check, is ``InvalidInputError``
+    in the hub's words; anything else is ``NoAnswerError``, saying why.
+    """
+    reason, detail = outcome.reason, outcome.detail
+    if blames_input(reason):
+        return InvalidInputError(
+            f"the hub refused the input for model {cloud_model!r}: {detail or reason.cause}"
+        )
+    if reason is FallbackReason.UNKNOWN_MODEL:
+        return NoAnswerError(
+            f"model {cloud_model!r} is not on this device and the hub does not serve it "
+            f"({detail or reason}); check cloud_model="
+        )
+    return NoAnswerError(
+        f"model {cloud_model!r} is not on this device and the cloud failed ({reason}"
+        + (f": {detail})" if detail else ")")
+    )
 
 
 CloudOutcome: TypeAlias = CloudAnswer | Fallback

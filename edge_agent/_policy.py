@@ -16,6 +16,9 @@ A request passes two checks:
    back (the quantile is aimed at budget + (budget - realized)), so a
    calibration set that is harder or easier than live traffic still ends at
    the budget; requests offloaded as heavy are charged to the same budget.
+   The score is a built-in one, any callable, or a router trained on the
+   calibration split (``LearnedScore``, ``OffloadPolicy.learned``); a router
+   with input features is handed each request's inputs as well.
 
 Invariants: ``OffloadPolicy.before`` never runs the model; ``after`` only
 reads its outputs; a decision always carries a reason; with a budget b the
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._estimator import LatencyEstimator, NetworkEstimator
+from ._learned import LearnedScore
 from ._scores import OutputKind, ScoreFn, resolve_score, to_probabilities
 
 __all__ = [
@@ -150,8 +154,17 @@ class UncertainCheck:
     def calibrated(self) -> bool:
         return self._calibrated
 
-    def scores(self, outputs: Mapping[str, np.ndarray] | np.ndarray) -> np.ndarray:
-        """Uncertainty score of each row of the scored output."""
+    @property
+    def uses_inputs(self) -> bool:
+        """Whether the score reads the request's inputs too (a router with input features)."""
+        return isinstance(self._score, LearnedScore) and self._score.uses_inputs
+
+    def scores(
+        self,
+        outputs: Mapping[str, np.ndarray] | np.ndarray,
+        inputs: Mapping[str, np.ndarray] | None = None,
+    ) -> np.ndarray:
+        """Uncertainty score of each row of the scored output (``inputs``: for a router)."""
         if isinstance(outputs, Mapping):
             name = self.output or next(iter(outputs))
             if name not in outputs:
@@ -159,20 +172,31 @@ class UncertainCheck:
             values = outputs[name]
         else:
             values = outputs
-        return np.asarray(self._score(to_probabilities(values, self.outputs)), dtype=np.float64)
+        probs = to_probabilities(values, self.outputs)
+        score = self._score
+        if isinstance(score, LearnedScore) and score.uses_inputs:
+            return score.logits(probs, inputs)
+        return np.asarray(score(probs), dtype=np.float64)
 
     def calibrate(
-        self, outputs: Iterable[Mapping[str, np.ndarray] | np.ndarray] | np.ndarray
+        self,
+        outputs: Iterable[Mapping[str, np.ndarray] | np.ndarray]
+        | Mapping[str, np.ndarray]
+        | np.ndarray,
+        *,
+        inputs: Mapping[str, np.ndarray] | None = None,
     ) -> float:
         """Set the threshold from outputs of held-out samples; returns it.
 
-        Accepts one array of outputs [n, classes] or an iterable of per-request
-        outputs. Needs a budget.
+        Accepts one array (or mapping) of outputs [n, classes], or an iterable
+        of per-request outputs. Needs a budget. A router with input features
+        needs ``inputs`` too (named arrays, rows first), with one array of
+        outputs.
         """
         if self.budget is None:
             raise ValueError("calibrate() needs budget=; this check has a fixed threshold")
-        if isinstance(outputs, np.ndarray):
-            scores = self.scores(outputs)
+        if isinstance(outputs, np.ndarray | Mapping):
+            scores = self.scores(outputs, inputs)
         else:
             scores = np.concatenate([self.scores(o) for o in outputs])
         if scores.size == 0:
@@ -269,6 +293,23 @@ class OffloadPolicy:
         return cls(heavy=heavy if heavy is not None else HeavyCheck(), uncertain=check)
 
     @classmethod
+    def learned(
+        cls,
+        budget: float,
+        router: LearnedScore,
+        *,
+        heavy: HeavyCheck | None = None,
+        **options: object,
+    ) -> OffloadPolicy:
+        """Offload the ``budget`` share a trained router ranks highest (call ``calibrate``).
+
+        ``router`` is a ``LearnedScore`` fitted on the calibration split
+        (``LearnedScore.fit``); the threshold is calibrated to the budget as
+        for the built-in scores.
+        """
+        return cls.budget(budget, score=router, heavy=heavy, **options)
+
+    @classmethod
     def threshold(cls, threshold: float, *, score: str | ScoreFn = "margin") -> OffloadPolicy:
         return cls(heavy=HeavyCheck(), uncertain=UncertainCheck(score, threshold=threshold))
 
@@ -277,11 +318,16 @@ class OffloadPolicy:
         return self.uncertain is not None
 
     def calibrate(
-        self, outputs: Iterable[Mapping[str, np.ndarray] | np.ndarray] | np.ndarray
+        self,
+        outputs: Iterable[Mapping[str, np.ndarray] | np.ndarray]
+        | Mapping[str, np.ndarray]
+        | np.ndarray,
+        *,
+        inputs: Mapping[str, np.ndarray] | None = None,
     ) -> float:
         if self.uncertain is None:
             raise ValueError("this policy has no uncertain check to calibrate")
-        return self.uncertain.calibrate(outputs)
+        return self.uncertain.calibrate(outputs, inputs=inputs)
 
     def fixed_route(self, *, local_model: bool) -> Decision | None:
         """``before``'s decision when it does not depend on the request's facts, else None.

@@ -14,8 +14,12 @@ carry are in the envelope already.
 
 Failure is fast: ``send`` raises ``UplinkError`` at once when not connected,
 and losing the connection fails every pending future, so the agent falls
-back without waiting out its deadline. A reply that arrives after its
-request gave up is counted and dropped.
+back without waiting out its deadline. ``start(wait_s=…)`` waits for the
+first connection attempt to end, not for ``wait_s`` when the broker refuses
+or cannot be reached; ``connect_problem`` then says why. A reply that
+arrives after its request gave up is counted and handed to ``on_late_reply``
+(the agent hears from the hub through it), then dropped; ``on_connected``
+runs after every (re)connect, on paho's network thread.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -88,15 +93,21 @@ class MqttUplink:
         self._pending: dict[str, Future[Message]] = {}
         self._lock = threading.Lock()
         self._connected = threading.Event()
+        self._attempted = threading.Event()  # the first connection attempt has ended
         self._client: Any = None
+        self.connect_problem: str | None = None  # why the last attempt failed, if it did
+        self.on_connected: Callable[[], None] | None = None
+        self.on_late_reply: Callable[[Message], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self, *, wait_s: float | None = None) -> MqttUplink:
-        """Connect in the background; with ``wait_s``, wait that long for the first CONNACK.
+        """Connect in the background; with ``wait_s``, wait up to that long for the first try.
 
-        An unreachable broker is not an error: the client keeps retrying and the
-        agent answers locally meanwhile.
+        The wait ends at the first CONNACK, or as soon as the first attempt
+        fails (refused, no route, bad credentials: ``connect_problem`` says
+        which). An unreachable broker is not an error: the client keeps
+        retrying with backoff and the agent answers locally meanwhile.
         """
         if self._client is not None:
             return self
@@ -104,16 +115,18 @@ class MqttUplink:
         self.protocol = protocol
         client = create_client(self.settings, f"tandem-edge-{self.device_id}", protocol=protocol)
         client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         self._client = client
+        self._attempted.clear()
         try:
             client.connect_async(self.settings.host, self.settings.port, self.settings.keepalive_s)
         except (OSError, ValueError) as e:
             raise UplinkError(f"cannot connect to {self.settings.url}: {e}") from e
         client.loop_start()
-        if wait_s:
-            self._connected.wait(wait_s)
+        if wait_s and not self._attempted.wait(wait_s):
+            self.connect_problem = f"no answer within {wait_s:g} s"
         return self
 
     def stop(self) -> None:
@@ -206,11 +219,25 @@ class MqttUplink:
         self, client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any
     ) -> None:
         if reason.is_failure:
+            self.connect_problem = f"refused: {reason}"
+            self._attempted.set()
             log.warning("broker %s refused the connection: %s", self.settings.url, reason)
             return
         client.subscribe(self.reply_topic, qos=1)
         self.stats.connects += 1
+        self.connect_problem = None
         self._connected.set()
+        self._attempted.set()
+        listener = self.on_connected
+        if listener is not None:
+            try:
+                listener()
+            except Exception:  # a listener's bug must not take paho's thread down
+                log.exception("on_connected failed")
+
+    def _on_connect_fail(self, _client: Any, _userdata: Any) -> None:
+        self.connect_problem = "unreachable (connection failed)"
+        self._attempted.set()
 
     def _on_disconnect(
         self, _client: Any, _userdata: Any, _flags: Any, reason: Any, _props: Any
@@ -233,6 +260,12 @@ class MqttUplink:
             future = self._pending.pop(reply.request_id, None)
         if future is None:
             self.stats.late_replies += 1
+            listener = self.on_late_reply
+            if listener is not None:
+                try:
+                    listener(reply)
+                except Exception:
+                    log.exception("on_late_reply failed")
             return
         self.stats.replies += 1
         if not future.done():

@@ -38,7 +38,8 @@ Invariants:
   ``tandem-`` role, and ``tandem-`` roles. Other clients (an ``admin`` made
   by ``mosquitto_ctrl dynsec init``), roles, groups and the anonymous group
   are kept as they were, so the plugin's own control API and this command
-  can share one file.
+  can share one file. So are site gateways' clients and roles
+  (``tandem-gateway-<site>``, written by ``_mqtt_bridge``).
 - A client not named keeps its password hash; a named one gets a fresh
   random password (rotation), hashed as the plugin does (PBKDF2-SHA512,
   12-byte salt, base64), and shown once.
@@ -72,7 +73,9 @@ from ._mqtt_acl import (
 )
 
 __all__ = [
+    "DEVICE_ROLE_PREFIX",
     "DYNSEC_PLUGIN_NAME",
+    "GATEWAY_ROLE_PREFIX",
     "SERVICE_CLIENT_ID_PREFIX",
     "device_role_name",
     "dynsec_client",
@@ -85,12 +88,15 @@ __all__ = [
 DYNSEC_PLUGIN_NAME = "mosquitto_dynamic_security.so"
 SERVICE_CLIENT_ID_PREFIX = "tandem-"  # hubs' and the CDN's client ids; no device id may start so
 _MANAGED = "tandem-"  # prefix of the roles this module owns
+# Site gateways' clients and roles (``_mqtt_bridge``): provisioning devices keeps them as they are.
+GATEWAY_ROLE_PREFIX = "tandem-gateway-"
+DEVICE_ROLE_PREFIX = "tandem-device-"  # + the device id: one role per device
 _HUB_ROLE, _CDN_ROLE = "tandem-hub", "tandem-cdn"
 _SALT_BYTES = 12
 
 
 def device_role_name(device: str) -> str:
-    return f"{_MANAGED}device-{validate_name(device, 'device id')}"
+    return f"{DEVICE_ROLE_PREFIX}{validate_name(device, 'device id')}"
 
 
 def _acl(kind: str, topic: str) -> dict[str, Any]:
@@ -167,9 +173,15 @@ def dynsec_password_matches(client: dict[str, Any], password: str) -> bool:
     return got == expected
 
 
+def _is_ours(rolename: object) -> bool:
+    """A role this module renders again on every provisioning (a gateway's is not)."""
+    name = str(rolename or "")
+    return name.startswith(_MANAGED) and not name.startswith(GATEWAY_ROLE_PREFIX)
+
+
 def _is_managed(client: dict[str, Any]) -> bool:
     roles = client.get("roles") or []
-    return any(str(r.get("rolename", "")).startswith(_MANAGED) for r in roles)
+    return any(_is_ours(r.get("rolename")) for r in roles)
 
 
 def _check_names(devices: list[str], hub_user: str, cdn_user: str, share_group: str) -> None:
@@ -224,9 +236,7 @@ def render_dynsec_config(
             if bind_client_ids:
                 client["clientid"] = username  # shared.device_client_id: the id is the name
         managed.append(client)
-    roles = [
-        r for r in base.get("roles", []) if not str(r.get("rolename", "")).startswith(_MANAGED)
-    ]
+    roles = [r for r in base.get("roles", []) if not _is_ours(r.get("rolename"))]
     roles += _service_roles(p, share_group)
     roles += [_device_role(p, d, legacy_topics=legacy_topics) for d in devices]
     config: dict[str, Any] = {k: v for k, v in base.items() if k not in ("clients", "roles")}

@@ -3,6 +3,12 @@
 It subscribes to the request topics and answers each request with whatever its
 handler returns (a reply Message, or None for silence). The real hub has its
 own tests; this lets edge tests stage exact hub behaviour (overloaded, silent).
+
+A request without tensors is an agent's probe (``edge_agent._cloud_probe``):
+it is kept in ``probes``, not ``requests``, and answered as the real hub
+answers it (``invalid_input``: the model is served but needs inputs), or not
+at all with ``answer_probes=False``. A request for a model outside
+``models`` (when given) is answered ``unknown_model``, as the real hub does.
 """
 
 from __future__ import annotations
@@ -13,7 +19,15 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from shared import Message, MqttSettings, Topics, create_client, decode_message, encode_message
+from shared import (
+    ErrorCode,
+    Message,
+    MqttSettings,
+    Topics,
+    create_client,
+    decode_message,
+    encode_message,
+)
 
 __all__ = ["Responder"]
 
@@ -22,12 +36,21 @@ Handler = Callable[[Message], Message | None]
 
 class Responder:
     def __init__(
-        self, broker: str | MqttSettings, handler: Handler, topics: Topics | None = None
+        self,
+        broker: str | MqttSettings,
+        handler: Handler,
+        topics: Topics | None = None,
+        *,
+        models: frozenset[str] | None = None,
+        answer_probes: bool = True,
     ) -> None:
         """``broker``: a URL, or full ``MqttSettings`` (credentials, TLS)."""
         self.topics = topics or Topics()
         self.handler = handler
+        self.models = models  # None: every model is served
+        self.answer_probes = answer_probes
         self.requests: list[Message] = []
+        self.probes: list[Message] = []
         self._settings = (
             broker if isinstance(broker, MqttSettings) else MqttSettings.from_url(broker)
         )
@@ -71,7 +94,21 @@ class Responder:
 
     def _on_message(self, client: Any, _u: Any, msg: mqtt.MQTTMessage) -> None:
         request = decode_message(msg.payload)
-        self.requests.append(request)
-        reply = self.handler(request)
+        probe = not request.tensors
+        (self.probes if probe else self.requests).append(request)
+        if self.models is not None and request.model not in self.models:
+            reply: Message | None = request.reply(
+                error=ErrorCode.UNKNOWN_MODEL, error_message=f"no model {request.model!r}"
+            )
+        elif probe:
+            reply = self._probe_reply(request)
+        else:
+            reply = self.handler(request)
         if reply is not None and request.reply_to:
             client.publish(request.reply_to, encode_message(reply), qos=1)
+
+    def _probe_reply(self, request: Message) -> Message | None:
+        """What the real hub says to a probe for a model it serves: it needs inputs."""
+        if not self.answer_probes:
+            return None
+        return request.reply(error=ErrorCode.INVALID_INPUT, error_message="no input tensors")

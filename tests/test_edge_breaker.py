@@ -69,3 +69,31 @@ def test_lost_probe_frees_the_slot() -> None:
 def test_rejects_bad_settings() -> None:
     with pytest.raises(ValueError, match="failure_threshold"):
         CircuitBreaker(failure_threshold=0)
+
+
+def test_hearing_from_a_silent_cloud_ends_the_cool_down_at_once() -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker(
+        failure_threshold=1, cooldown_s=60.0, max_cooldown_s=600.0, clock=clock
+    )
+    breaker.probe_now()  # closed: nothing to end
+    assert breaker.state is BreakerState.CLOSED
+    breaker.record_failure()  # silence: a timeout, a lost broker
+    assert breaker.awaiting_silence and not breaker.allow()
+    breaker.probe_now()
+    assert breaker.state is BreakerState.HALF_OPEN and not breaker.awaiting_silence
+    assert breaker.allow() and not breaker.allow()  # one probe, as after a cool-down
+    breaker.record_failure()  # the probe failed: the cool-down doubles as usual
+    clock.now += 60.0
+    assert breaker.state is BreakerState.OPEN
+
+
+def test_a_hub_that_answered_overloaded_keeps_its_cool_down() -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker(
+        failure_threshold=1, cooldown_s=60.0, max_cooldown_s=600.0, clock=clock
+    )
+    breaker.record_failure(answered=True)
+    assert not breaker.awaiting_silence
+    breaker.probe_now()
+    assert breaker.state is BreakerState.OPEN and not breaker.allow()

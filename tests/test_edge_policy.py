@@ -128,6 +128,19 @@ def test_estimators_learn_from_samples() -> None:
     assert local.predict_ms(queue_depth=1) == pytest.approx(6.0)
 
 
+def test_a_deadline_reserves_a_slow_local_run_not_the_average_or_a_freak() -> None:
+    local = LatencyEstimator(prior_ms=9.0, window=64)
+    assert local.predict_high_ms() == 9.0  # the prior until a run is seen
+    runs = np.random.default_rng(0).uniform(1.0, 2.0, size=64)
+    runs[10] = 500.0  # one freak spike (a page fault, the first run of a session)
+    for ms in runs:
+        local.observe(float(ms))
+    typical = np.sort(runs)[:-1]
+    assert local.predict_ms() < local.predict_high_ms() < 500.0
+    assert local.predict_high_ms() >= np.quantile(typical, 0.95)
+    assert local.predict_high_ms(queue_depth=1) == pytest.approx(2 * local.predict_high_ms())
+
+
 def test_policy_modes() -> None:
     local, net = LatencyEstimator(), NetworkEstimator()
     facts = RequestFacts(payload_bytes=10, deadline_ms=100.0)

@@ -29,6 +29,7 @@ from edge_agent import EdgeAgent, NoAnswerError, OffloadPolicy, Source
 from shared import ErrorCode, MqttSettings, Topics
 
 from ._models import write_linear_classifier
+from ._plane import wait_until
 
 WAIT_S = 30.0
 NAMES = {
@@ -320,6 +321,10 @@ def test_mqtt_answers_are_counted_under_their_transport(repo: Path, mosquitto: A
             assert good.infer(x(1), deadline_ms=WAIT_S * 1000).source is Source.CLOUD
             with pytest.raises(NoAnswerError):
                 lost.infer(x(1), deadline_ms=WAIT_S * 1000)
+            assert hub.worker is not None
+            # Each agent probed on connect; probes are answered but not counted as requests.
+            worker = hub.worker
+            wait_until(lambda: worker.stats().get("probes") == 2, what="both probes")
         text = hub.prometheus.render().decode()
     mqtt = {"transport": "mqtt"}
     assert value(text, "tandem_inference_request_success_total", model="linear", **mqtt) == 1

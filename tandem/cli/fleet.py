@@ -33,6 +33,17 @@ from ._admin import (
     print_json,
 )
 from ._common import clean_errors, fail, ratio_text
+from ._fleet_gateway import (
+    BridgeCafileOption,
+    BridgeFileOption,
+    CloudAclOption,
+    CloudBrokerOption,
+    CloudDynsecOption,
+    CloudPasswdOption,
+    GatewayOption,
+    GatewayRequest,
+    provision_site_gateway,
+)
 from ._fleet_simulate import fleet_simulate
 from ._rollout_view import console
 
@@ -111,6 +122,13 @@ def fleet_provision(
             show_default=False,
         ),
     ] = None,
+    gateway: GatewayOption = None,
+    cloud_broker: CloudBrokerOption = None,
+    bridge_file: BridgeFileOption = None,
+    bridge_cafile: BridgeCafileOption = None,
+    cloud_dynsec_file: CloudDynsecOption = None,
+    cloud_passwd_file: CloudPasswdOption = None,
+    cloud_acl_file: CloudAclOption = None,
 ) -> None:
     """Give devices (new or existing) a fresh password and rewrite the broker's access rules.
 
@@ -135,6 +153,17 @@ def fleet_provision(
     'systemctl reload mosquitto'). Every file must be readable by the user
     Mosquitto runs as: chown it once, ownership is kept on later rewrites.
     docs/mqtt-security.md lists what each configuration stops.
+
+    Devices behind a site gateway (a broker on the premises, bridged to the
+    cloud broker): the site files are the site broker's, and the bridge and
+    the gateway's credentials on the cloud broker are written too:
+
+        tandem fleet provision cam-01 cam-02 --gateway plant-a \\
+            --dynsec-file plant-a/dynsec.json --bridge-file plant-a/bridge.conf \\
+            --cloud-broker mqtts://cloud.example:8883 \\
+            --cloud-dynsec-file /etc/mosquitto/tandem-dynsec.json
+
+    docs/site-gateways.md describes the topology and the site broker's configuration.
     """
     from model_cdn._mqtt_acl import provision_users, provisioning_acl
     from model_cdn._mqtt_dynsec import provision_dynsec
@@ -150,6 +179,29 @@ def fleet_provision(
         password_out is not None and password_out.resolve() in targets
     ):
         fail(command, "--passwd-file, --acl-file and --password-out must differ", 2)
+    site = GatewayRequest(
+        gateway,
+        cloud_broker,
+        bridge_file,
+        bridge_cafile,
+        cloud_dynsec_file,
+        cloud_passwd_file,
+        cloud_acl_file,
+    )
+    if site.given:
+        provision_site_gateway(
+            command,
+            devices,
+            site,
+            site_files=(dynsec_file, passwd_file, acl_file),
+            password_out=password_out,
+            prefix=prefix,
+            hub_user=hub_user,
+            cdn_user=cdn_user,
+            bind_client_ids=bind_client_ids,
+            legacy_topics=legacy_topics,
+        )
+        return
     with clean_errors(command):
         try:
             provisioning_acl(

@@ -1,0 +1,305 @@
+"""Part (a)'s result document: targets beside figures, tables, notes (see ``_report``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ._collab_eval import BUILT_IN, LEARNED, DatasetFigures
+
+__all__ = ["result"]
+
+TARGET_GAP = 0.85
+TARGET_LEARNED_POINTS = 5.0
+TARGET_RATE_POINTS = 2.0
+_SWEEP_BUDGETS = (0.0, 0.05, 0.10, 0.15, 0.20, 0.30, 0.50, 1.0)
+
+
+def result(figures: list[DatasetFigures], budget: float, *, plot: str) -> dict[str, Any]:
+    targets: list[dict[str, Any]] = []
+    for f in figures:
+        targets.append(_built_in_target(f))
+        targets.append(_rate_target(f))
+    targets.append(_learned_target(figures))
+    names = ", ".join(f.dataset.name for f in figures)
+    return {
+        "title": "(a) Collaboration quality",
+        "summary": (
+            f"{len(figures)} streams ({names}): three datasets that ship inside installed "
+            "packages, each with its own weak edge and strong cloud model, plus the MNIST test "
+            "digits rotated as a shifted stream. Routers at a 20% budget: the built-in scores "
+            "(max_probability, margin, entropy) and the learned router (`LearnedScore`: "
+            "logistic regression on features of the edge output, fitted on each split's "
+            "calibration rows with numpy), against random and the oracle. "
+            + " ".join(_one_line(f) for f in figures)
+        ),
+        "targets": targets,
+        "tables": [
+            _datasets_table(figures),
+            _exact_table(figures),
+            _deployed_table(figures),
+            _sweep_table(figures[0]),
+        ],
+        "plots": [plot],
+        "notes": _notes(figures, budget),
+        "data": {"budget": budget, "datasets": [_data(f) for f in figures]},
+    }
+
+
+# -- targets ---------------------------------------------------------------------------------
+
+
+def _built_in_target(f: DatasetFigures) -> dict[str, Any]:
+    best = max(BUILT_IN, key=lambda s: f.deployed[s]["adapt"]["gap_recovered"])
+    dep = f.deployed[best]["adapt"]
+    exact_best = f.best_built_in
+    met = dep["gap_recovered"] >= TARGET_GAP
+    caught = f.exact[exact_best]["edge_errors_caught"]
+    error_rate = f.counts["edge_errors"] / f.dataset.test_rows
+    exact_gap = _pct(f.exact[exact_best]["gap_recovered"])
+    limits = [
+        f"the scores' ranking: the top 20% by {exact_best} holds {_pct(caught)} of the edge's "
+        f"{f.counts['edge_errors']} errors (exact top 20%: {exact_gap}, oracle "
+        f"{_pct(f.exact['oracle']['gap_recovered'])})",
+        f"{f.counts['both_wrong']} rows are wrong on both sides and {f.counts['cloud_only_wrong']} "
+        "right on the edge only, so offloading them gains nothing or loses",
+    ]
+    if error_rate > f.budget:
+        limits.append(
+            f"the edge errs on {_pct(error_rate)} of the rows, more than the budget: even the "
+            "oracle cannot send them all"
+        )
+    if f.dataset.test_rows < 2000:
+        limits.append(_noise(f))
+    return {
+        "name": f"{f.dataset.name}: gap recovered at a 20% budget, best built-in policy "
+        f"({best}, calibrated threshold, adapt=True)",
+        "target": f">= {TARGET_GAP:.0%}",
+        "measured": f"{_pct(dep['gap_recovered'])} at {_pct(dep['offload_rate'])} offloaded "
+        f"(exact top 20%: {exact_best} {_pct(f.exact[exact_best]['gap_recovered'])})",
+        "met": met,
+        "limited_by": None if met else "; ".join(limits),
+    }
+
+
+def _rate_target(f: DatasetFigures) -> dict[str, Any]:
+    parts, misses = [], []
+    for name in (*BUILT_IN, "learned"):
+        rate = f.deployed[name]["adapt"]["offload_rate"]
+        miss = (rate - f.budget) * 100.0
+        misses.append(abs(miss))
+        parts.append(f"{name} {_pct(rate)} ({miss:+.1f})")
+    met = max(misses) <= TARGET_RATE_POINTS
+    frozen = {n: f.deployed[n]["frozen"]["offload_rate"] for n in (*BUILT_IN, "learned")}
+    per_split = f.dataset.test_rows / len(f.dataset.trials)
+    return {
+        "name": f"{f.dataset.name}: realized offload rate, calibrated threshold, adapt=True "
+        "(the default), every built-in score and the learned router",
+        "target": f"{f.budget:.0%} ± {TARGET_RATE_POINTS:.0f} points",
+        "measured": ", ".join(parts),
+        "met": met,
+        "limited_by": None
+        if met
+        else (
+            f"streams of {per_split:.0f} rows per split: the adaptive window (seeded with "
+            f"{f.dataset.calibration_rows // len(f.dataset.trials)} calibration scores, "
+            "re-aimed every 32 requests) has few refreshes to correct a calibration split "
+            "that misjudges the test rows; frozen thresholds realize "
+            + ", ".join(f"{n} {_pct(r)}" for n, r in frozen.items())
+        ),
+    }
+
+
+def _learned_target(figures: list[DatasetFigures]) -> dict[str, Any]:
+    deltas = {
+        f.dataset.name: (
+            f.exact["learned"]["gap_recovered"] - f.exact[f.best_built_in]["gap_recovered"]
+        )
+        * 100.0
+        for f in figures
+    }
+    mean = sum(deltas.values()) / len(deltas)
+    met = mean >= TARGET_LEARNED_POINTS
+    caught_shares = [f.exact[f.best_built_in]["edge_errors_caught"] for f in figures]
+    caught = f"{_pct(min(caught_shares))} to {_pct(max(caught_shares))}"
+    row_values = [100.0 / max(f.gap * f.dataset.test_rows, 1.0) for f in figures]
+    row_points = f"{min(row_values):.1f} to {max(row_values):.1f}"
+    cal_rows = ", ".join(
+        f"{f.dataset.name} {f.dataset.calibration_rows // len(f.dataset.trials)}" for f in figures
+    )
+    return {
+        "name": "learned router over the best built-in score, exact top 20%, mean over the "
+        f"{len(figures)} streams",
+        "target": f">= +{TARGET_LEARNED_POINTS:.0f} points of gap",
+        "measured": f"{mean:+.1f} points ("
+        + ", ".join(f"{n} {d:+.1f}" for n, d in deltas.items())
+        + ")",
+        "met": met,
+        "limited_by": None
+        if met
+        else (
+            "what the router can learn from: it sees the edge output (the same information as "
+            "the scores, plus which class won) and learns from each split's calibration rows "
+            f"only ({cal_rows} rows per split, of which a few dozen edge errors). On these "
+            "pairs the best score already ranks close to what that information allows (its "
+            f"exact top 20% holds {caught} of the edge's errors); the oracle's lead is rows "
+            "the edge gets confidently wrong or the cloud gets wrong, which no feature of the "
+            f"edge output shows. One row of the gap is worth {row_points} points here, so "
+            "differences of that size are noise. A router needs information "
+            "the scores lack to do better: input features (`input_features=`), or many more "
+            "labelled rows (the fleet's offloaded samples, `update`)"
+        ),
+    }
+
+
+# -- tables ----------------------------------------------------------------------------------
+
+
+def _datasets_table(figures: list[DatasetFigures]) -> dict[str, Any]:
+    rows = []
+    for f in figures:
+        d = f.dataset
+        rows.append(
+            [
+                d.name,
+                d.ships_in,
+                d.edge,
+                d.cloud,
+                str(len(d.trials)),
+                str(d.calibration_rows),
+                str(d.test_rows),
+                _pct(f.edge_accuracy),
+                _pct(f.cloud_accuracy),
+                _pct(f.exact["oracle"]["gap_recovered"]),
+            ]
+        )
+    return {
+        "title": "Streams and model pairs (test and calibration rows summed over splits)",
+        "columns": [
+            "stream",
+            "ships in",
+            "edge model",
+            "cloud model",
+            "splits",
+            "calibration rows",
+            "test rows",
+            "edge only",
+            "cloud only",
+            "oracle at 20%",
+        ],
+        "rows": rows,
+    }
+
+
+def _exact_table(figures: list[DatasetFigures]) -> dict[str, Any]:
+    routers = [*BUILT_IN, *LEARNED, "random", "oracle"]
+    rows = []
+    for name in routers:
+        row = [name]
+        for f in figures:
+            e = f.exact[name]
+            row.append(f"{_pct(e['gap_recovered'])} ({_pct(e['edge_errors_caught'])})")
+        rows.append(row)
+    return {
+        "title": "Gap recovered at a 20% budget, exact top 20% of each split "
+        "(in brackets: share of the edge's errors inside that 20%)",
+        "columns": ["router", *(f.dataset.name for f in figures)],
+        "rows": rows,
+    }
+
+
+def _deployed_table(figures: list[DatasetFigures]) -> dict[str, Any]:
+    rows = []
+    for name in (*BUILT_IN, *LEARNED):
+        for mode in ("frozen", "adapt"):
+            row = [name, mode]
+            for f in figures:
+                d = f.deployed[name][mode]
+                row.append(f"{_pct(d['offload_rate'])} · {_pct(d['gap_recovered'])}")
+            rows.append(row)
+    return {
+        "title": "Deployed: threshold calibrated on the calibration rows, test rows decided one "
+        "at a time in order (offload rate · gap recovered)",
+        "columns": ["router", "threshold", *(f.dataset.name for f in figures)],
+        "rows": rows,
+    }
+
+
+def _sweep_table(f: DatasetFigures) -> dict[str, Any]:
+    n = len(f.dataset.trials[0].labels_test)
+    rows = [
+        [f"{b:.0%}", *(_pct(float(c[round(b * n)])) for c in f.curves.values())]
+        for b in _SWEEP_BUDGETS
+    ]
+    return {
+        "title": f"{f.dataset.name}: accuracy against offload budget (offline sweep)",
+        "columns": ["budget", *f.curves],
+        "rows": rows,
+    }
+
+
+# -- words -----------------------------------------------------------------------------------
+
+
+def _one_line(f: DatasetFigures) -> str:
+    return (
+        f"{f.dataset.name}: edge {_pct(f.edge_accuracy)}, cloud {_pct(f.cloud_accuracy)} "
+        f"({f.dataset.test_rows} test rows)."
+    )
+
+
+def _noise(f: DatasetFigures) -> str:
+    gap_rows = f.gap * f.dataset.test_rows
+    return (
+        f"sampling noise: the gap is {gap_rows:.0f} rows over {f.dataset.test_rows}, so one row "
+        f"moves the figure by {100.0 / max(gap_rows, 1):.1f} points"
+    )
+
+
+def _notes(figures: list[DatasetFigures], budget: float) -> list[str]:
+    return [
+        "The model pairs were fixed before any router ran on them (edge: a small model of the "
+        "kind a device runs; cloud: a clearly stronger one); no router was tuned on these sets. "
+        "The scikit-learn sets are split several times (50% train / 20% calibration / 30% "
+        "test, stratified) and every figure pools the test rows of all splits.",
+        "The learned router: `LearnedScore.fit(edge_cal, cloud_cal, labels_cal)` on each "
+        "split's calibration rows: features 1 - top probability, 1 - margin, normalized "
+        "entropy, log(top1 / top2) and the winning class (one-hot), standardized; target "
+        "'the edge is wrong and the cloud right' (`gain`); L2 = 10; `learned (disagree)` is "
+        "the label-free variant ('the cloud's answer differs'). Its threshold is calibrated "
+        "to the budget as the scores' are.",
+        "`adapt=True` re-aims the threshold every 32 requests from a 1,000-score window seeded "
+        "with the calibration scores, feeding back the realized share; `frozen` keeps the "
+        "calibrated threshold. The rotated stream is calibrated on upright digits: it shows "
+        "what adapting is for.",
+        "MNIST's plot: exact curves for every k, markers for the deployed, adapting policies.",
+        "Sampling noise, 1 sd: "
+        + "; ".join(
+            f"{f.dataset.name} ±{math.sqrt(budget * (1 - budget) / f.dataset.test_rows) * 100:.1f}"
+            " points on a 20% rate"
+            for f in figures
+        )
+        + ".",
+    ]
+
+
+def _data(f: DatasetFigures) -> dict[str, Any]:
+    return {
+        "name": f.dataset.name,
+        "ships_in": f.dataset.ships_in,
+        "edge_model": f.dataset.edge,
+        "cloud_model": f.dataset.cloud,
+        "splits": len(f.dataset.trials),
+        "test_rows": f.dataset.test_rows,
+        "calibration_rows": f.dataset.calibration_rows,
+        "edge_accuracy": f.edge_accuracy,
+        "cloud_accuracy": f.cloud_accuracy,
+        "counts": f.counts,
+        "exact": f.exact,
+        "deployed": f.deployed,
+        "curves": {n: [round(float(v), 6) for v in c] for n, c in f.curves.items()},
+    }
+
+
+def _pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x * 100:.1f}%"
