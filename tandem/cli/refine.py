@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ._admin import CaOption, admin_call, admin_client, admin_errors, parse_duration, parse_labels
+from ._admin import (
+    CaOption,
+    admin_call,
+    admin_client,
+    admin_errors,
+    parse_duration,
+    parse_fraction,
+    parse_labels,
+)
 from ._common import (
     DEFAULT_REGISTRY,
     DEFAULT_STORE,
@@ -97,21 +105,21 @@ def refine(
         typer.Option("--cloud-model", help="Only examples collected for this hub model."),
     ] = None,
     holdout: Annotated[
-        float, typer.Option("--holdout", help="Share of the examples kept out to judge.")
-    ] = 0.2,
+        str, typer.Option("--holdout", help="Share of the examples kept out to judge.")
+    ] = "20%",
     min_gain: Annotated[
-        float,
+        str,
         typer.Option(
             "--min-gain", help="Held-out agreement with the cloud the new version must gain."
         ),
-    ] = 0.0,
+    ] = "0%",
     max_forgetting: Annotated[
-        float,
-        typer.Option("--max-forgetting", help="Validation accuracy it may lose (0.005 = 0.5 pt)."),
-    ] = 0.005,
+        str,
+        typer.Option("--max-forgetting", help="Validation accuracy it may lose."),
+    ] = "0.5%",
     min_agreement: Annotated[
-        float, typer.Option("--min-agreement", help="The publish gate: quantized vs float.")
-    ] = 0.97,
+        str, typer.Option("--min-agreement", help="The publish gate: quantized vs float.")
+    ] = "97%",
     seed: Annotated[int, typer.Option("--seed", help="Seeds the split and the training.")] = 0,
     out: Annotated[
         Path, typer.Option("--out", help="Where the new float model and the report go.")
@@ -150,12 +158,12 @@ def refine(
     ] = None,
     soak: Annotated[str, typer.Option("--soak", help="With --rollout: each wave's soak.")] = "10m",
     max_agreement_drop: Annotated[
-        float,
+        str,
         typer.Option(
             "--max-agreement-drop",
             help="With --rollout: the agreement gate (edge-cloud agreement it may lose).",
         ),
-    ] = 0.02,
+    ] = "2%",
 ) -> None:
     """Fine-tune an edge model on the examples its fleet offloaded, and publish it if better.
 
@@ -179,6 +187,16 @@ def refine(
     options = _options(trainer_option or [])
     labels = parse_labels(target or [], "--target", COMMAND)
     soak_s = parse_duration(soak, "--soak", COMMAND)
+    shares = {
+        name: parse_fraction(text, f"--{name.replace('_', '-')}", COMMAND)
+        for name, text in (
+            ("holdout", holdout),
+            ("min_gain", min_gain),
+            ("max_forgetting", max_forgetting),
+            ("min_agreement", min_agreement),
+            ("max_agreement_drop", max_agreement_drop),
+        )
+    }
     for path in (base, validation, calibration, replay):
         if path is not None and not path.is_file():
             fail(COMMAND, f"no file {path}", 2)
@@ -193,10 +211,10 @@ def refine(
             trainer=trainer,
             trainer_options=options,
             cloud_model=cloud_model,
-            holdout=holdout,
-            min_gain=min_gain,
-            max_forgetting=max_forgetting,
-            min_agreement=min_agreement,
+            holdout=shares["holdout"],
+            min_gain=shares["min_gain"],
+            max_forgetting=shares["max_forgetting"],
+            min_agreement=shares["min_agreement"],
             seed=seed,
             out_dir=out,
         )
@@ -220,7 +238,7 @@ def refine(
             "version": report.version,
             "waves": rollout,
             "soak_s": soak_s,
-            "max_agreement_drop": max_agreement_drop,
+            "max_agreement_drop": shares["max_agreement_drop"],
         }
         if labels:
             body["target"] = labels
