@@ -107,7 +107,7 @@ def refine_model(
     progress: Progress | None = None,
 ) -> RefineReport:
     """Run the job; the report of what was published, or ``RefineRefusedError``."""
-    from model_cdn.publish import publish_model, quantize_model
+    from model_cdn.publish import quantize_model
 
     step: Progress = progress or (lambda stage, fraction: None)
     seconds: dict[str, float] = {}
@@ -152,8 +152,29 @@ def refine_model(
             report,
         )
     mark = time.perf_counter()
+    _publish(settings, report, data, latest, target, signing_key, candidate_float, method, step)
+    seconds["publish"] = time.perf_counter() - mark
+    seconds["total"] = time.perf_counter() - started
+    _write_files(settings, report, candidate_float, report.version)
+    return report
+
+
+def _publish(
+    settings: RefineSettings,
+    report: RefineReport,
+    data: _Data,
+    latest: LatestVersion,
+    target: PublishTarget,
+    signing_key: SigningKey,
+    model: bytes,
+    method: str,
+    step: Progress,
+) -> None:
+    """The candidate through the publish pipeline, as the version in service was made."""
+    from model_cdn.publish import publish_model
+
     published = publish_model(
-        candidate_float,
+        model,
         name=settings.model,
         signing_key=signing_key,
         target=target,
@@ -164,8 +185,6 @@ def refine_model(
         labels=latest.manifest["signed"].get("labels"),
         progress=lambda stage, fraction: step(f"publish: {stage}", fraction),
     )
-    seconds["publish"] = time.perf_counter() - mark
-    seconds["total"] = time.perf_counter() - started
     report.version = published.manifest.version
     report.published = {
         "blob_digest": published.blob_digest,
@@ -173,8 +192,6 @@ def refine_model(
         "deltas": [d.to_dict() for d in published.manifest.deltas],
         "validation": published.report,
     }
-    _write_files(settings, report, candidate_float, published.manifest.version)
-    return report
 
 
 def _load(settings: RefineSettings, store: BlobStore) -> _Data:

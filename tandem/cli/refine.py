@@ -233,20 +233,32 @@ def refine(
     _print_figures(report)
     typer.echo(f"published {name}@{report.version}; float model and report in {out}")
     if rollout is not None and client is not None:
-        body: dict[str, Any] = {
-            "model": name,
-            "version": report.version,
-            "waves": rollout,
-            "soak_s": soak_s,
-            "max_agreement_drop": shares["max_agreement_drop"],
-        }
-        if labels:
-            body["target"] = labels
-        status = admin_call(COMMAND, client.start_rollout, body)
-        typer.echo(
-            f"rollout {status.get('id')} started: {name}@{report.version} in waves {rollout}; "
-            f"watch it with: tandem rollout status {status.get('id')} --watch"
-        )
+        _start_rollout(client, name, report, rollout, labels, soak_s, shares["max_agreement_drop"])
+
+
+def _start_rollout(
+    client: AdminClient,
+    name: str,
+    report: RefineReport,
+    waves: str,
+    labels: dict[str, str],
+    soak_s: float,
+    max_agreement_drop: float,
+) -> None:
+    body: dict[str, Any] = {
+        "model": name,
+        "version": report.version,
+        "waves": waves,
+        "soak_s": soak_s,
+        "max_agreement_drop": max_agreement_drop,
+    }
+    if labels:
+        body["target"] = labels
+    status = admin_call(COMMAND, client.start_rollout, body)
+    typer.echo(
+        f"rollout {status.get('id')} started: {name}@{report.version} in waves {waves}; "
+        f"watch it with: tandem rollout status {status.get('id')} --watch"
+    )
 
 
 def _options(pairs: list[str]) -> dict[str, str]:
