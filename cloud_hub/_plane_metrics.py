@@ -52,6 +52,7 @@ _FAMILIES: dict[str, tuple[str, list[str]]] = {
     "tandem_overload_rejections": ("counter", _MODEL),
     "tandem_executor": ("info", _MODEL),
     "tandem_hub_process_restarts": ("counter", ["role"]),
+    "tandem_hub_mqtt_ingress_subscribed": ("gauge", []),
     "tandem_hub_version_swaps": ("counter", ["model"]),
     "tandem_hub_version_load_failures": ("counter", ["model"]),
     **COLLECTION_FAMILIES,

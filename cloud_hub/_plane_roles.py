@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 DRAIN_S = 10.0  # an ingress waits this long for its requests in flight when told to stop
 _CONNECT_S = 120.0  # how long an ingress waits for the executors before serving anyway
+_SUBSCRIBED = "tandem_hub_mqtt_ingress_subscribed"  # a gauge: 1 per subscribed ingress
 _SUBSCRIBE_S = 10.0  # how long it waits for its subscriptions before saying it serves
 
 
@@ -150,6 +151,7 @@ def run_mqtt_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
         while not stopping.is_set():
             pool.poll(0.25)
             routes.apply(pool)
+            book.set(_SUBSCRIBED, (), 1.0 if session.subscribed.is_set() else 0.0)
             dumper.tick()
         front.pause()  # no new requests; the ones in flight still get their replies
         deadline = time.monotonic() + DRAIN_S

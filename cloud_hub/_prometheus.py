@@ -117,6 +117,8 @@ HELP = {
     "tandem_executor": "The backend and device computing a model (CPU or CUDA).",
     "tandem_hub_process_restarts": "Hub processes (ingress, executor) restarted after they "
     "died, by role.",
+    "tandem_hub_mqtt_ingress_subscribed": "MQTT ingress processes subscribed to the request "
+    "topics now (fewer than --workers: some cannot reach the broker or were refused).",
     "tandem_hub_version_swaps": "New model versions swapped in without a restart, by model.",
     "tandem_hub_version_load_failures": "New model versions that failed to load (the previous "
     "one kept serving), by model.",

@@ -42,6 +42,11 @@ def test_every_reply_reaches_its_own_request_through_two_ingress_processes(
     two_ingress_hub: tuple[HubSupervisor, int], mosquitto: MosquittoProcess
 ) -> None:
     hub, _ = two_ingress_hub
+    subscribed = "tandem_hub_mqtt_ingress_subscribed"
+    wait_until(  # on a loaded machine one may subscribe seconds after the hub said ready
+        lambda: merge_books(read_books(hub.metrics_dir)).gauges.get((subscribed, ())) == 2,
+        what="both ingress processes subscribed",
+    )
     rng = np.random.default_rng(1)
     requesters = [Requester(mosquitto.url, hub.spec.prefix) for _ in range(4)]
     try:
