@@ -31,7 +31,7 @@ class ExampleSharing:
 
     sample_rate: float = 0.0  # share of offloaded requests marked sampled
     seed: int | None = None  # for a reproducible sample
-    _rng: random.Random = field(init=False, repr=False)
+    _rng: random.Random = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         rate = self.sample_rate
