@@ -3,7 +3,16 @@
 ``python -m bench._baselines echo BROKER_URL REQUEST_TOPIC REPLY_TOPIC READY_FILE``
     A bare paho-mqtt client that republishes every request payload, as is,
     to the reply topic, QoS 1 both ways: the MQTT round trip with nothing
-    on top, the limit of a broker-based offload on this stack.
+    on top, the limit of a broker-based offload on this stack. REPLY_TOPIC
+    ``-`` answers each device on its own reply topic, derived from the
+    request topic as the hub does (``.../dev/{device}/infer/{model}`` ->
+    ``.../dev/{device}/reply``), for a REQUEST_TOPIC filter such as
+    ``tandem/v1/dev/+/infer/+``.
+
+``python -m bench._baselines echo-crt BROKER_URL REQUEST_TOPIC REPLY_TOPIC READY_FILE``
+    The same consumer on awscrt's MQTT 5 client, the client the hub's
+    ingress uses: what receiving a request and publishing a reply costs
+    with nothing else on top (part c's bound for the hub's own work).
 
 ``python -m bench._baselines plain-http MODEL.onnx PORT``
     JSON-over-HTTP offload as simple joint-inference systems write it first:
@@ -19,10 +28,19 @@
 # runtime, and a request model defined inside a function cannot be found from a string.
 
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 __all__ = ["main"]
+
+
+def _reply_topic(reply_topic: str) -> Callable[[str], str]:
+    """The reply topic for a request topic: fixed, or (``-``) the device's own."""
+    if reply_topic != "-":
+        return lambda _topic: reply_topic
+    return lambda topic: topic.rsplit("/infer/", 1)[0] + "/reply"
 
 
 def echo(broker_url: str, request_topic: str, reply_topic: str, ready: Path) -> None:
@@ -39,14 +57,56 @@ def echo(broker_url: str, request_topic: str, reply_topic: str, ready: Path) -> 
     def on_subscribe(_c: Any, _u: Any, _m: Any, _codes: Any, _p: Any) -> None:
         ready.touch()
 
+    reply_for = _reply_topic(reply_topic)
+
     def on_message(c: Any, _u: Any, message: Any) -> None:
-        c.publish(reply_topic, message.payload, qos=1)
+        c.publish(reply_for(message.topic), message.payload, qos=1)
 
     client.on_connect = on_connect
     client.on_subscribe = on_subscribe
     client.on_message = on_message
     client.connect(settings.host, settings.port)
     client.loop_forever()
+
+
+def echo_crt(broker_url: str, request_topic: str, reply_topic: str, ready: Path) -> None:
+    from awscrt import mqtt5
+
+    from shared import MqttSettings
+
+    settings = MqttSettings.from_url(broker_url)
+    reply_for = _reply_topic(reply_topic)
+    qos1 = mqtt5.QoS.AT_LEAST_ONCE
+    connected = threading.Event()
+    clients: list[Any] = []
+
+    def on_publish(data: Any) -> None:
+        packet = data.publish_packet
+        clients[0].publish(
+            mqtt5.PublishPacket(topic=reply_for(packet.topic), payload=packet.payload, qos=qos1)
+        )
+
+    client = mqtt5.Client(
+        mqtt5.ClientOptions(
+            host_name=settings.host,
+            port=settings.port,
+            connect_options=mqtt5.ConnectPacket(
+                client_id=f"bench-echo-crt-{ready.stem}", keep_alive_interval_sec=60
+            ),
+            session_behavior=mqtt5.ClientSessionBehaviorType.CLEAN,
+            on_publish_callback_fn=on_publish,
+            on_lifecycle_event_connection_success_fn=lambda _d: connected.set(),
+            disable_metrics=True,
+        )
+    )
+    clients.append(client)
+    client.start()
+    if not connected.wait(30.0):
+        raise SystemExit(f"echo-crt: cannot connect to {settings.url}")
+    subscription = mqtt5.Subscription(topic_filter=request_topic, qos=qos1)
+    client.subscribe(mqtt5.SubscribePacket(subscriptions=[subscription])).result(30.0)
+    ready.touch()
+    threading.Event().wait()  # serve until the bench terminates this process
 
 
 def plain_http(model: Path, port: int) -> None:
@@ -81,10 +141,12 @@ def main(argv: list[str]) -> None:
     mode, *args = argv
     if mode == "echo":
         echo(args[0], args[1], args[2], Path(args[3]))
+    elif mode == "echo-crt":
+        echo_crt(args[0], args[1], args[2], Path(args[3]))
     elif mode == "plain-http":
         plain_http(Path(args[0]), int(args[1]))
     else:
-        raise SystemExit(f"unknown mode {mode!r}: echo or plain-http")
+        raise SystemExit(f"unknown mode {mode!r}: echo, echo-crt or plain-http")
 
 
 if __name__ == "__main__":

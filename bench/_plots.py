@@ -66,11 +66,16 @@ def plot_throughput(
     limit: float,
     limit_range: tuple[float, float],
     limit_label: str,
-    target_share: float,
+    target_share: float | None = None,
+    reference: tuple[float, str] | None = None,
     title: str,
     path: Path,
 ) -> None:
-    """Throughput (with min-max bars) and p50 against requesters; the limit as a line."""
+    """Throughput (with min-max bars) and p50 against requesters; the limit as a line.
+
+    ``target_share`` draws that share of the limit; ``reference`` (value, label)
+    another horizontal line, e.g. a bare consumer's throughput.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,9 +94,16 @@ def plot_throughput(
         lat.plot(ns, [per_n[n]["p50_ms"] for n in ns], marker=marker, label=labels[name])
     tp.axhline(limit, color="black", ls="--", lw=1.2, label=limit_label)
     tp.axhspan(*limit_range, color="black", alpha=0.07, label="the limit's range over rounds")
-    tp.axhline(
-        limit * target_share, color="grey", ls=":", lw=1.0, label=f"{target_share:.0%} of the limit"
-    )
+    if target_share is not None:
+        tp.axhline(
+            limit * target_share,
+            color="grey",
+            ls=":",
+            lw=1.0,
+            label=f"{target_share:.0%} of the limit",
+        )
+    if reference is not None:
+        tp.axhline(reference[0], color="tab:red", ls="-.", lw=1.0, label=reference[1])
     concurrency = sorted({n for per_n in summary.values() for n in per_n})
     for ax in (tp, lat):
         ax.set_xscale("log", base=2)

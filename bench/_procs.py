@@ -6,8 +6,10 @@ baselines (``python -m bench._baselines ...``: ``EchoProcess``,
 ``PlainServerProcess``). Every
 process logs to a file in the part's work directory, so a failure to start
 says why. ``write_model`` lays out a hub model repository entry; ``cpu_ns``,
-``children`` and ``hub_metrics`` read a running process's CPU time, child
-processes and (for a hub) Prometheus text.
+``children``, ``pss_bytes`` and ``hub_metrics`` read a running process's CPU
+time, child processes, proportional memory and (for a hub) Prometheus text;
+``hub_processes`` names a multi-process hub's processes by role (py-spy
+profiles are in ``bench._pyspy``).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -36,9 +38,9 @@ __all__ = [
     "cpu_ns",
     "free_port",
     "hub_metrics",
+    "hub_processes",
     "mosquitto_version",
-    "profile",
-    "profile_summary",
+    "pss_bytes",
     "wait_http_ok",
     "write_model",
 ]
@@ -70,6 +72,34 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def pss_bytes(pid: int) -> int:
+    """Proportional set size of ``pid`` (pages shared between processes counted once in all)."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024
+    raise OSError(f"no Pss line for process {pid}")
+
+
+def hub_processes(pid: int) -> dict[str, list[int]]:
+    """A hub's processes by role: ``supervisor`` (``pid``), ``executor 0``, ``mqtt 1``, ``http 0``.
+
+    The roles come from each child's command line (``-m cloud_hub._plane_main
+    ROLE INDEX``); a child of another kind keeps its PID as its label.
+    """
+    found = {"supervisor": [pid]}
+    for child in children(pid):
+        try:
+            args = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        except OSError:  # it ended meanwhile
+            continue
+        words = [a.decode(errors="replace") for a in args if a]
+        if "cloud_hub._plane_main" in words[:-2]:
+            found[" ".join(words[-2:])] = [child]
+        else:
+            found[f"pid {child}"] = [child]
+    return found
+
+
 def hub_metrics(port: int) -> str:
     """The text of a hub's ``GET /metrics`` on loopback."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
@@ -78,83 +108,6 @@ def hub_metrics(port: int) -> str:
         return conn.getresponse().read().decode()
     finally:
         conn.close()
-
-
-def profile(pid: int, seconds: float, rate_hz: int = 250) -> dict[str, Any] | None:
-    """Sample ``pid`` with py-spy (if installed next to this Python) for ``seconds``.
-
-    Starts the sampler and returns at once; call ``finish`` on the result's
-    ``"process"`` after the work to profile, or use ``profile_summary``.
-    Returns None when py-spy is not installed or cannot attach.
-    """
-    exe = Path(sys.executable).parent / "py-spy"
-    if not exe.exists():
-        found = shutil.which("py-spy")
-        if found is None:
-            return None
-        exe = Path(found)
-    out = Path(tempfile.mkdtemp(prefix="tandem-bench-spy-")) / "profile.txt"
-    process = subprocess.Popen(
-        [
-            str(exe),
-            "record",
-            "--pid",
-            str(pid),
-            "--duration",
-            str(max(1, round(seconds))),
-            "--rate",
-            str(rate_hz),
-            "--threads",
-            "--format",
-            "raw",
-            "--nonblocking",
-            "-o",
-            str(out),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    return {"process": process, "out": out, "rate_hz": rate_hz, "seconds": seconds}
-
-
-def profile_summary(started: dict[str, Any], top: int = 12) -> dict[str, Any] | None:
-    """Wait for a ``profile`` run; on-CPU seconds by thread and by leaf function."""
-    process: subprocess.Popen[bytes] = started["process"]
-    try:
-        _, err = process.communicate(timeout=started["seconds"] + 30)
-    except subprocess.TimeoutExpired:
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait()
-        return None
-    out: Path = started["out"]
-    if process.returncode != 0 or not out.exists():
-        return {"error": err.decode(errors="replace")[-500:]}
-    threads: dict[str, int] = {}
-    leaves: dict[str, int] = {}
-    for line in out.read_text(errors="replace").splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        frames = stack.split(";")
-        thread = frames[0].split(": ", 1)[-1].split("-tandem-", 1)[0]
-        threads[thread] = threads.get(thread, 0) + int(count)
-        leaf = f"{thread}: {_frame(frames[-1])}"
-        leaves[leaf] = leaves.get(leaf, 0) + int(count)
-    shutil.rmtree(out.parent, ignore_errors=True)
-    rate = started["rate_hz"]
-    return {
-        "seconds": started["seconds"],
-        "threads_cpu_s": {k: v / rate for k, v in sorted(threads.items(), key=lambda kv: -kv[1])},
-        "top_leaves_cpu_s": [
-            [k, v / rate] for k, v in sorted(leaves.items(), key=lambda kv: -kv[1])[:top]
-        ],
-    }
-
-
-def _frame(frame: str) -> str:
-    """``func (path/to/file.py:12)`` -> ``func (file.py:12)``."""
-    name, _, where = frame.partition(" (")
-    return f"{name} ({where.rsplit('/', 1)[-1]}" if where else name
 
 
 def mosquitto_version() -> str | None:
@@ -326,9 +279,12 @@ class HubProcess(_Process):
 
     log_name = "hub.log"
 
-    def __init__(self, repo: Path, broker_url: str, workdir: Path) -> None:
+    def __init__(
+        self, repo: Path, broker_url: str, workdir: Path, *, args: Sequence[str] = ()
+    ) -> None:
         self.repo = repo
         self.broker_url = broker_url
+        self.args = list(args)  # more options: --workers 2, --device cuda, ...
         super().__init__(workdir)
 
     @property
@@ -348,6 +304,7 @@ class HubProcess(_Process):
             str(port),
             "--log-level",
             "warning",
+            *self.args,
         ]
 
     def _ready(self) -> None:
@@ -355,16 +312,20 @@ class HubProcess(_Process):
 
 
 class EchoProcess(_Process):
-    """``python -m bench._baselines echo ...``: ready once it has subscribed."""
+    """``python -m bench._baselines echo|echo-crt ...``: ready once it has subscribed."""
 
     log_name = "echo.log"
 
-    def __init__(self, broker_url: str, request: str, reply: str, workdir: Path) -> None:
-        self.args = [broker_url, request, reply, str(workdir / "echo.ready")]
+    def __init__(
+        self, broker_url: str, request: str, reply: str, workdir: Path, *, mode: str = "echo"
+    ) -> None:
+        self.mode = mode
+        self.log_name = f"{mode}.log"
+        self.args = [broker_url, request, reply, str(workdir / f"{mode}.ready")]
         super().__init__(workdir, listens=False)
 
     def command(self, port: int) -> list[str]:
-        return [sys.executable, "-m", "bench._baselines", "echo", *self.args]
+        return [sys.executable, "-m", "bench._baselines", self.mode, *self.args]
 
     def _ready(self) -> None:
         ready = Path(self.args[-1])
@@ -372,7 +333,7 @@ class EchoProcess(_Process):
         while not ready.exists():
             self.check_alive()
             if time.monotonic() > deadline:
-                raise TimeoutError("the echo client did not subscribe within 30 s")
+                raise TimeoutError(f"the {self.mode} client did not subscribe within 30 s")
             time.sleep(0.02)
 
 

@@ -1,336 +1,368 @@
-"""(c) Hub throughput under dynamic batching, on the demo's cloud CNN.
+"""(c) Hub throughput under dynamic batching: the multi-process hub against its bounds.
 
-The model is the demo's cloud ONNX model (``tandem._training``, cached in
+Two models. The demo's cloud CNN (``tandem._training``, cached in
 ``~/.cache/tandem``; built through the demo's own code path if missing,
-which takes minutes once). Against it, at 1, 8, 64 and 256 closed-loop
-requesters:
+which takes minutes once) is tiny: ~50 µs per sample, so the hub's own
+per-request work sets its throughput. The heavier CNN of
+``bench._heavy_model`` (fixed random weights; throughput only) takes over a
+millisecond per sample at batch 1 and gains several times from batching,
+so it shows what batching is worth.
 
-* the limit: the hub's ``OnnxExecutor`` alone (the hub's own session
-  options). A sweep over batch sizes 1..256 picks the best one; the limit
-  itself is then re-measured at that size in every round, interleaved with
-  the variants, because the machine's other load moves it as much as
-  anything does;
-* the hub (``python -m cloud_hub``) with the config a user starts from
-  (``max_batch_size`` 64, ``max_queue_delay_ms`` 2, the defaults), over MQTT;
-* the same hub and model with batching off (``max_batch_size`` 1), over MQTT;
-* the batching hub as ``python -m cloud_hub --workers 2`` (two hub processes
-  in one share group), over MQTT through a broker and load generator of its
-  own, so that its requests never reach the single-process hub;
-* the same batching hub over its HTTP API (binary tensors);
-* a plain FastAPI + ONNX Runtime server running each request alone
-  (``bench._baselines``; uvicorn, one worker), JSON nested lists;
-* to locate the loss: the hub's ``DynamicBatcher`` in this process, fed by
-  asyncio tasks, with no transport at all.
+What runs, each variant in windows interleaved with the others
+(``bench._hub_throughput_measure``):
 
-Requesters (``bench._load``): MQTT through four raw paho clients sharing the
-N requesters (each request frame encoded once, replies matched by header),
-HTTP through N keep-alive connections on one asyncio loop with a minimal
-HTTP/1.1 client. Each (requesters, variant) point runs ``REPEATS`` windows,
-interleaved with the other variants in rotating order; throughput is the
-median over windows (spread: min to max), latency percentiles pool every
-answer of those windows. CPU per process comes from /proc; with py-spy
-installed, the hub is also sampled at 64 requesters. The part's settings,
-targets and the result built from the points are in
-``bench._hub_throughput_report``.
+* the limit: each model's ``OnnxExecutor`` alone in this process (the hub's
+  own session options), swept over batch sizes, then re-measured at its best
+  batch size in every round, because the machine's other load moves it;
+* hub A, ``python -m cloud_hub --workers 1 --http-workers 1`` with four
+  models: the tiny one with batching on (the defaults a user starts from,
+  ``max_batch_size`` 64, ``max_queue_delay_ms`` 2) and off (``max_batch_size``
+  1), the heavy one likewise; over MQTT (awscrt load generator; one row with
+  the paho one) and over HTTP (binary tensors);
+* hub W, ``--workers 2 --http-workers 2``, the tiny model batching, on a
+  broker of its own: ingress scaling over MQTT, and HTTP with two processes;
+* hub P, as hub A with both models batching but ``--mqtt-client paho``,
+  under its own topic prefix on hub A's broker: the ingress's other client;
+* bare echo consumers on hub A's broker, under their own topic prefixes:
+  awscrt's MQTT 5 client (the hub ingress's) and paho, each republishing the
+  request frame to the device's reply topic (``bench._baselines``);
+* a plain FastAPI + ONNX Runtime server, one request per run, JSON lists;
+* the hub's ``DynamicBatcher`` in this process, fed by asyncio tasks;
+* then, on hub A: four 15 MiB JSON bodies at once (memory) and MQTT latency
+  idle against during a flood of them (``bench._hub_throughput_memory``);
+* the GPU entry (``bench._hub_throughput_gpu``), or why it was skipped.
+
+Requesters: MQTT through a few clients, each a device on its own topics
+(``bench._load_mqtt``); HTTP through N keep-alive connections on one
+asyncio loop (``bench._load``). CPU per process comes from /proc; with
+py-spy installed, hub A's MQTT ingress is sampled at 64 requesters.
+``TANDEM_BENCH_QUICK=1`` runs short windows once each (for development).
+The settings are in ``bench._hub_throughput_settings``, the targets and the
+result in ``bench._hub_throughput_report``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import tempfile
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ._hub_throughput_report import (
+from ._heavy_model import heavy_model
+from ._hub_throughput_gpu import gpu_entry
+from ._hub_throughput_measure import (
+    Variant,
+    executor_sweep,
+    executor_window,
+    hub_counts,
+    measure,
+)
+from ._hub_throughput_memory import memory_and_isolation
+from ._hub_throughput_report import build_result
+from ._hub_throughput_settings import (
     BATCH_SIZE,
     BATCHED,
+    CONCURRENCY,
+    ISOLATION_ROUNDS,
+    ISOLATION_WINDOW_S,
     QUEUE_DELAY_MS,
     REPEATS,
     SWEEP_ROUNDS,
     TARGET_AT,
     UNBATCHED,
+    WARM_S,
     WINDOW_S,
     WORKERS,
-    build_result,
 )
-from ._load import HttpLoad, InProcessLoad, MqttLoad, Window, binary_infer_request
+from ._load import HttpLoad, InProcessLoad, Window, binary_infer_request
+from ._load_mqtt import CrtMqttLoad, PahoMqttLoad
 from ._procs import (
     BrokerProcess,
+    EchoProcess,
     HubProcess,
     PlainServerProcess,
-    children,
-    cpu_ns,
-    hub_metrics,
-    profile,
-    profile_summary,
+    hub_processes,
     write_model,
 )
+from ._pyspy import profile, profile_summary
 
 __all__ = ["run"]
 
-CONCURRENCY = (1, 8, 64, 256)
-_WARM_S = 0.4
-_SWEEP = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-_SWEEP_S = 0.3
 _PROFILE_S = 3.0
+_ONLY_AT = (TARGET_AT,)  # the rows the issue asks for at 64 requesters only
+_TIMES = (WARM_S, WINDOW_S)
+_ECHO_CRT = "bench/echo-crt"  # the echo consumers' topic prefixes on hub A's broker
+_ECHO_PAHO = "bench/echo-paho"
+_PAHO_HUB = "bench/paho-hub"  # the topic prefix of the hub whose ingress uses paho
 
 
 def run() -> dict[str, Any]:
-    from cloud_hub import DynamicBatcher, OnnxExecutor, TensorSpec
     from tandem._training import build_demo_models
 
-    model = build_demo_models().cloud_onnx
+    tiny = build_demo_models().cloud_onnx
     image = np.random.default_rng(0).random((1, 1, 28, 28), dtype=np.float32)
-    executor = OnnxExecutor(model)  # the hub's own executor class and session options
-    spec = executor.inputs[0]
-    input_name = spec.name
-    expected = next(iter(executor.run({input_name: image}).values()))
-    sweep = _executor_sweep(executor, input_name)
-    batcher = DynamicBatcher(
-        executor,
-        inputs=[TensorSpec(input_name, spec.datatype, spec.shape[1:])],
-        max_batch_size=BATCH_SIZE,
-        max_queue_delay_ms=QUEUE_DELAY_MS,
-        model="cloud",
-    ).start()
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="tandem-bench-tp-") as tmp:
         work = Path(tmp)
-        write_model(work / "repo", "cloud", model, BATCHED)
-        write_model(work / "repo", "cloud_unbatched", model, UNBATCHED)
-        (work / "workers").mkdir()
-        write_model(work / "workers" / "repo", "cloud", model, BATCHED)
-        with (
-            BrokerProcess(work).start() as broker,
-            HubProcess(work / "repo", broker.url, work).start() as hub,
-            PlainServerProcess(model, work).start() as plain,
-            BrokerProcess(work / "workers").start() as broker_w,
-            _WorkersHubProcess(
-                work / "workers" / "repo", broker_w.url, work / "workers"
-            ).start() as hub_w,
-        ):
-            mqtt = MqttLoad(broker.url)
-            mqtt_w = MqttLoad(broker_w.url)
-            try:
-                hub_http, plain_http = _http_loads(hub.http_port, plain.port, input_name, image)
-                _check(mqtt, hub_http, plain_http, input_name, image, expected)
-                feed = {input_name: image}
-                _wait_for_workers(mqtt_w, hub_w, feed)
-                in_process = InProcessLoad(lambda: batcher.submit(feed))
-                best = max(sweep, key=lambda b: statistics.median(sweep[b]))
-                best_feed = {input_name: np.repeat(image, best, axis=0)}
-                runs: dict[str, Any] = {
-                    "executor": lambda n: _executor_window(executor, best_feed, WINDOW_S),
-                    "batcher": lambda n: in_process.run(n, *_TIMES),
-                    "hub_mqtt": lambda n: mqtt.run("cloud", feed, n, *_TIMES),
-                    "hub_mqtt_unbatched": lambda n: mqtt.run("cloud_unbatched", feed, n, *_TIMES),
-                    "hub_mqtt_workers": lambda n: mqtt_w.run("cloud", feed, n, *_TIMES),
-                    "hub_http": lambda n: hub_http.run(n, *_TIMES),
-                    "plain_http": lambda n: plain_http.run(n, *_TIMES),
-                }
-                servers = {
-                    "self": [os.getpid()],
-                    "hub": [hub.pid],
-                    "plain": [plain.pid],
-                    "hub_workers": [hub_w.pid, *children(hub_w.pid)],
-                }
-                brokers = {"hub_mqtt_workers": broker_w.pid}
-
-                def batcher_counts() -> tuple[float, float]:
-                    stats = batcher.metrics.snapshot()
-                    return float(stats.rows), float(stats.batches)
-
-                counters = {
-                    "batcher": batcher_counts,
-                    "hub_mqtt": lambda: _hub_counts(hub.http_port, "cloud"),
-                    "hub_mqtt_unbatched": lambda: _hub_counts(hub.http_port, "cloud_unbatched"),
-                    "hub_http": lambda: _hub_counts(hub.http_port, "cloud"),
-                    # The first process's share only: its /metrics counts its own requests.
-                    "hub_mqtt_workers": lambda: _hub_counts(hub_w.http_port, "cloud"),
-                }
-                points = _measure(runs, broker.pid, servers, counters, brokers)
-                spy = profile(hub.pid, _PROFILE_S)
-                window = mqtt.run("cloud", feed, TARGET_AT, 0.5, _PROFILE_S + 0.5)
-                hub_profile = profile_summary(spy) if spy is not None else None
-                if hub_profile is not None:
-                    hub_profile["requests_per_s"] = window.throughput
-            finally:
-                mqtt.close()
-                mqtt_w.close()
-                batcher.stop()
-                executor.close()
-    load = {"before": load_before, "after": os.getloadavg()}
-    return build_result(sweep, points, load, hub_profile)
+        heavy = work / "heavy.onnx"
+        heavy.write_bytes(heavy_model())
+        models = {"cloud": tiny, "heavy": heavy}
+        measured = _measure_all(work, models, image)
+        measured["gpu"] = gpu_entry(
+            models,
+            measured["input_name"],
+            image,
+            work,
+            rounds=SWEEP_ROUNDS,
+            repeats=REPEATS,
+            window_s=WINDOW_S,
+            warm_s=WARM_S,
+            hub_config=BATCHED,
+        )
+    measured["load"] = {"before": load_before, "after": os.getloadavg()}
+    return build_result(measured)
 
 
-_TIMES = (_WARM_S, WINDOW_S)
+@dataclass
+class _Rig:
+    """What runs while part c measures: brokers, hubs, baselines and their load generators."""
+
+    broker: BrokerProcess
+    hub: HubProcess
+    broker_w: BrokerProcess
+    hub_w: HubProcess
+    hub_paho: HubProcess
+    echo_crt: EchoProcess
+    echo_paho: EchoProcess
+    plain: PlainServerProcess
+    loads: dict[str, Any] = field(default_factory=dict)
+    http: dict[str, HttpLoad] = field(default_factory=dict)
 
 
-def _http_loads(
-    hub_port: int, plain_port: int, input_name: str, image: np.ndarray
-) -> tuple[HttpLoad, HttpLoad]:
-    body, headers = binary_infer_request(input_name, image)
-    hub_http = HttpLoad(hub_port, "/v2/models/cloud/infer", body, headers)
-    plain_http = HttpLoad(
-        plain_port,
-        "/infer",
-        json.dumps({"data": image.tolist()}).encode(),
-        {"Content-Type": "application/json"},
-    )
-    return hub_http, plain_http
+@contextlib.contextmanager
+def _rig(work: Path, models: dict[str, Path], feed: dict[str, np.ndarray]) -> Iterator[_Rig]:
+    """Start everything (each stopped by its PID on the way out), load generators included."""
+    for model, path in models.items():
+        write_model(work / "a" / "repo", model, path, BATCHED)
+        write_model(work / "a" / "repo", f"{model}_unbatched", path, UNBATCHED)
+    write_model(work / "w" / "repo", "cloud", models["cloud"], BATCHED)
+    write_model(work / "p" / "repo", "cloud", models["cloud"], BATCHED)
+    write_model(work / "p" / "repo", "heavy", models["heavy"], BATCHED)
+    (work / "echo").mkdir()
+    one = ["--workers", "1", "--http-workers", "1"]
+    two = ["--workers", str(WORKERS), "--http-workers", str(WORKERS)]
+    paho = [*one, "--mqtt-client", "paho", "--prefix", _PAHO_HUB]
+    with contextlib.ExitStack() as stack:
+        up = stack.enter_context
+        broker = up(BrokerProcess(work / "a").start())
+        broker_w = up(BrokerProcess(work / "w").start())
+        rig = _Rig(
+            broker=broker,
+            hub=up(HubProcess(work / "a" / "repo", broker.url, work / "a", args=one).start()),
+            broker_w=broker_w,
+            hub_w=up(HubProcess(work / "w" / "repo", broker_w.url, work / "w", args=two).start()),
+            hub_paho=up(HubProcess(work / "p" / "repo", broker.url, work / "p", args=paho).start()),
+            echo_crt=up(
+                EchoProcess(
+                    broker.url, f"{_ECHO_CRT}/dev/+/infer/+", "-", work / "echo", mode="echo-crt"
+                ).start()
+            ),
+            echo_paho=up(
+                EchoProcess(broker.url, f"{_ECHO_PAHO}/dev/+/infer/+", "-", work / "echo").start()
+            ),
+            plain=up(PlainServerProcess(models["cloud"], work).start()),
+        )
+        makers: dict[str, Callable[[], Any]] = {
+            "a": lambda: CrtMqttLoad(broker.url, name="bench-a"),
+            "a_paho": lambda: PahoMqttLoad(broker.url, name="bench-a-paho"),
+            "w": lambda: CrtMqttLoad(broker_w.url, name="bench-w"),
+            "p": lambda: CrtMqttLoad(broker.url, prefix=_PAHO_HUB, name="bench-p"),
+            "echo_crt": lambda: CrtMqttLoad(broker.url, prefix=_ECHO_CRT, name="bench-e1"),
+            "echo_paho": lambda: CrtMqttLoad(broker.url, prefix=_ECHO_PAHO, name="bench-e2"),
+        }
+        for key, make in makers.items():
+            rig.loads[key] = load = make()
+            stack.callback(load.close)
+        ((name, image),) = feed.items()
+        body, headers = binary_infer_request(name, image)
+        rig.http = {
+            "a": HttpLoad(rig.hub.http_port, "/v2/models/cloud/infer", body, headers),
+            "w": HttpLoad(rig.hub_w.http_port, "/v2/models/cloud/infer", body, headers),
+            "plain": HttpLoad(
+                rig.plain.port,
+                "/infer",
+                json.dumps({"data": image.tolist()}).encode(),
+                {"Content-Type": "application/json"},
+            ),
+        }
+        yield rig
 
 
-def _check(
-    mqtt: MqttLoad,
-    hub_http: HttpLoad,
-    plain_http: HttpLoad,
-    input_name: str,
-    image: np.ndarray,
-    expected: np.ndarray,
-) -> None:
-    """Every variant computes the same answer, so they time the same work."""
-    for model in ("cloud", "cloud_unbatched"):
-        window = mqtt.run(model, {input_name: image}, 1, 0.0, 0.3)
+def _measure_all(work: Path, models: dict[str, Path], image: np.ndarray) -> dict[str, Any]:
+    from cloud_hub import DynamicBatcher, OnnxExecutor, TensorSpec
+
+    executors = {name: OnnxExecutor(path) for name, path in models.items()}
+    spec = executors["cloud"].inputs[0]
+    feed = {spec.name: image}
+    try:
+        expected = {m: next(iter(e.run(feed).values())) for m, e in executors.items()}
+        swept = {m: executor_sweep(e, spec.name, SWEEP_ROUNDS) for m, e in executors.items()}
+        sweeps = {m: rates for m, (rates, _cpu) in swept.items()}
+        best = {m: max(s, key=lambda b: statistics.median(s[b])) for m, s in sweeps.items()}
+        limits = {
+            m: (e, {spec.name: np.repeat(image, best[m], axis=0)}) for m, e in executors.items()
+        }
+        batcher = DynamicBatcher(
+            executors["cloud"],
+            inputs=[TensorSpec(spec.name, spec.datatype, spec.shape[1:])],
+            max_batch_size=BATCH_SIZE,
+            max_queue_delay_ms=QUEUE_DELAY_MS,
+            model="cloud",
+        ).start()
+        try:
+            with _rig(work, models, feed) as rig:
+                _check(rig, feed, expected)
+                points = measure(_variants(rig, limits, batcher, feed), REPEATS)
+                hub_profile = _profile(rig.hub.pid, rig.loads["a"], feed)
+                isolation = memory_and_isolation(
+                    hub_pid=rig.hub.pid,
+                    http_port=rig.hub.http_port,
+                    model="cloud",
+                    input_name=spec.name,
+                    feed=feed,
+                    mqtt=rig.loads["a"],
+                    window_s=ISOLATION_WINDOW_S,
+                    rounds=ISOLATION_ROUNDS,
+                )
+                clients = {k: (v.client_kind, len(v.devices)) for k, v in rig.loads.items()}
+        finally:
+            batcher.stop()
+    finally:
+        for executor in executors.values():
+            executor.close()
+    return {
+        "input_name": spec.name,
+        "sweeps": sweeps,
+        "sweep_cpu_us": {m: cpu for m, (_rates, cpu) in swept.items()},
+        "best_batch": best,
+        "points": points,
+        "hub_profile": hub_profile,
+        "memory_isolation": isolation,
+        "load_clients": clients,
+    }
+
+
+def _variants(
+    rig: _Rig,
+    limits: dict[str, tuple[Any, dict[str, np.ndarray]]],
+    batcher: Any,
+    feed: dict[str, np.ndarray],
+) -> dict[str, Variant]:
+    """Every row family of part c: how it runs, at which requester counts, against what."""
+    in_process = InProcessLoad(lambda: batcher.submit(feed))
+    me = {"bench process": [os.getpid()]}
+    loads, http = rig.loads, rig.http
+
+    def mqtt(load: str, model: str) -> Callable[[int], Window]:
+        return lambda n: loads[load].run(model, feed, n, *_TIMES)
+
+    def alone(model: str) -> Variant:
+        executor, batch = limits[model]
+        return Variant(
+            run=lambda n: executor_window(executor, batch, WINDOW_S),
+            concurrency=CONCURRENCY if model == "cloud" else _ONLY_AT,
+            processes=lambda: me,
+            in_process=True,
+        )
+
+    def hub(on: HubProcess, model: str, run: Callable[[int], Window], at: Sequence[int]) -> Variant:
+        return Variant(
+            run=run,
+            concurrency=at,
+            processes=lambda: hub_processes(on.pid),
+            broker=rig.broker_w.pid if on is rig.hub_w else rig.broker.pid,
+            counter=lambda: hub_counts(on.http_port, model),
+        )
+
+    def echo(load: str, process: EchoProcess) -> Variant:
+        return Variant(
+            run=mqtt(load, "echo"),
+            concurrency=_ONLY_AT,
+            processes=lambda: {"echo": [process.pid]},
+            broker=rig.broker.pid,
+        )
+
+    def batcher_counts() -> tuple[float, float]:
+        stats = batcher.metrics.snapshot()
+        return float(stats.rows), float(stats.batches)
+
+    a, w, every = rig.hub, rig.hub_w, CONCURRENCY
+    return {
+        "executor": alone("cloud"),
+        "batcher": Variant(
+            run=lambda n: in_process.run(n, *_TIMES),
+            concurrency=every,
+            processes=lambda: me,
+            in_process=True,
+            counter=batcher_counts,
+        ),
+        "hub_mqtt": hub(a, "cloud", mqtt("a", "cloud"), every),
+        "hub_mqtt_unbatched": hub(a, "cloud_unbatched", mqtt("a", "cloud_unbatched"), every),
+        "hub_mqtt_workers": hub(w, "cloud", mqtt("w", "cloud"), every),
+        "hub_mqtt_paho": hub(rig.hub_paho, "cloud", mqtt("p", "cloud"), (1, TARGET_AT)),
+        "hub_http": hub(a, "cloud", lambda n: http["a"].run(n, *_TIMES), every),
+        "plain_http": Variant(
+            run=lambda n: http["plain"].run(n, *_TIMES),
+            concurrency=every,
+            processes=lambda: {"plain server": [rig.plain.pid]},
+        ),
+        "echo_crt": echo("echo_crt", rig.echo_crt),
+        "echo_paho": echo("echo_paho", rig.echo_paho),
+        "hub_mqtt_paho_load": hub(a, "cloud", mqtt("a_paho", "cloud"), _ONLY_AT),
+        "hub_http_workers": hub(w, "cloud", lambda n: http["w"].run(n, *_TIMES), _ONLY_AT),
+        "executor_heavy": alone("heavy"),
+        "heavy_mqtt": hub(a, "heavy", mqtt("a", "heavy"), _ONLY_AT),
+        "heavy_mqtt_unbatched": hub(a, "heavy_unbatched", mqtt("a", "heavy_unbatched"), _ONLY_AT),
+        "heavy_mqtt_paho": hub(rig.hub_paho, "heavy", mqtt("p", "heavy"), _ONLY_AT),
+    }
+
+
+def _check(rig: _Rig, feed: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    """Every variant answers, and the hubs compute what the executor alone computes."""
+    asks = [("a", m) for m in ("cloud", "cloud_unbatched", "heavy", "heavy_unbatched")]
+    asks += [("a_paho", "cloud"), ("w", "cloud"), ("p", "cloud"), ("p", "heavy")]
+    asks += [("echo_crt", "echo"), ("echo_paho", "echo")]
+    for load, model in asks:
+        window = rig.loads[load].run(model, feed, 1, 0.0, 0.3)
         if window.errors or not window.latencies_ms:
-            raise RuntimeError(f"the hub did not answer {model} over MQTT")
-    body = hub_http.one()
-    length = len(body) - expected.nbytes
-    got = np.frombuffer(body, np.float32, offset=length).reshape(expected.shape)
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
-    got = np.asarray(json.loads(plain_http.one())["outputs"], np.float32)
-    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+            raise RuntimeError(f"no answer from {model} over MQTT ({load}): {window}")
+    ((input_name, image),) = feed.items()
+    body, headers = binary_infer_request(input_name, image)
+    asked = [(rig.hub, model) for model in expected] + [(rig.hub_w, "cloud")]
+    for hub, model in asked:
+        want = expected[model]
+        got = HttpLoad(hub.http_port, f"/v2/models/{model}/infer", body, headers).one()
+        tail = np.frombuffer(got, np.float32, offset=len(got) - want.nbytes)
+        np.testing.assert_allclose(tail.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+    plain = np.asarray(json.loads(rig.http["plain"].one())["outputs"], np.float32)
+    np.testing.assert_allclose(plain, expected["cloud"], rtol=1e-4, atol=1e-4)
 
 
-def _executor_window(executor: Any, feed: dict[str, np.ndarray], seconds: float) -> Window:
-    """The executor alone at one batch size for ``seconds``: its samples/s as a window."""
-    rows = next(iter(feed.values())).shape[0]
-    n = 0
-    t0 = time.perf_counter()
-    while (elapsed := time.perf_counter() - t0) < seconds:
-        executor.run_batch(feed)
-        n += 1
-    return Window(seconds=elapsed, latencies_ms=[elapsed / n * 1000.0] * (n * rows))
-
-
-def _executor_sweep(executor: Any, input_name: str) -> dict[int, list[float]]:
-    """Samples/s of the executor alone by batch size, rounds interleaved over sizes."""
-    rng = np.random.default_rng(1)
-    batches = {b: {input_name: rng.random((b, 1, 28, 28), dtype=np.float32)} for b in _SWEEP}
-    for batch in batches.values():
-        executor.run_batch(batch)
-    out: dict[int, list[float]] = {b: [] for b in _SWEEP}
-    for r in range(SWEEP_ROUNDS):
-        order = list(_SWEEP) if r % 2 == 0 else list(reversed(_SWEEP))
-        for b in order:
-            n = 0
-            t0 = time.perf_counter()
-            while (elapsed := time.perf_counter() - t0) < _SWEEP_S or n < 3:
-                executor.run_batch(batches[b])
-                n += 1
-            out[b].append(n * b / elapsed)
-    return out
-
-
-def _hub_counts(port: int, model: str) -> tuple[float, float]:
-    """(rows computed, batches executed) for ``model`` from the hub's /metrics."""
-    rows = batches = 0.0
-    label = f'model="{model}"'
-    for line in hub_metrics(port).splitlines():
-        if label not in line:
-            continue
-        if line.startswith("tandem_inference_count_total{"):
-            rows = float(line.rsplit(" ", 1)[1])
-        elif line.startswith("tandem_inference_exec_count_total{"):
-            batches = float(line.rsplit(" ", 1)[1])
-    return rows, batches
-
-
-class _WorkersHubProcess(HubProcess):
-    """``python -m cloud_hub --workers N``; ready once its first process is."""
-
-    def command(self, port: int) -> list[str]:
-        return [*super().command(port), "--workers", str(WORKERS)]
-
-
-def _wait_for_workers(mqtt: MqttLoad, hub: HubProcess, feed: dict[str, np.ndarray]) -> None:
-    """Until every worker serves: the first process then counts fewer answers than came."""
-    deadline = time.monotonic() + 120.0
-    while len(children(hub.pid)) < WORKERS - 1 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    answered = 0
-    while time.monotonic() < deadline:
-        answered += len(mqtt.run("cloud", feed, 4, 0.0, 0.3).latencies_ms)
-        if _metric_sum(hub.http_port, "tandem_inference_request_success_total{") < answered:
-            return
-    raise RuntimeError(f"the --workers {WORKERS} hub's other processes never answered")
-
-
-def _metric_sum(port: int, prefix: str) -> float:
-    """The sum of every series whose line starts with ``prefix`` on a hub's /metrics."""
-    lines = [line for line in hub_metrics(port).splitlines() if line.startswith(prefix)]
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
-
-
-def _cpu_ns(pids: list[int]) -> int:
-    return sum(cpu_ns(pid) for pid in pids)
-
-
-def _measure(
-    runs: dict[str, Any],
-    broker_pid: int,
-    servers: dict[str, list[int]],
-    counters: dict[str, Callable[[], tuple[float, float]]],
-    brokers: dict[str, int],
-) -> dict[str, dict[int, dict[str, Any]]]:
-    """Every (variant, requesters) point, ``REPEATS`` windows interleaved over variants."""
-    names = list(runs)
-    points: dict[str, dict[int, dict[str, Any]]] = {name: {} for name in names}
-    me = os.getpid()
-    for n in CONCURRENCY:
-        for name in names:
-            points[name][n] = {
-                "throughput": [],
-                "latencies": [],
-                "errors": 0,
-                "cores": [],
-                "rows": 0.0,
-                "batches": 0.0,
-            }
-        for rep in range(REPEATS):
-            shift = rep % len(names)
-            for name in names[shift:] + names[:shift]:
-                point = points[name][n]
-                server = {
-                    "plain_http": "plain",
-                    "batcher": "self",
-                    "executor": "self",
-                    "hub_mqtt_workers": "hub_workers",
-                }.get(name, "hub")
-                watched = {
-                    "load generator": [me],
-                    "broker": [brokers.get(name, broker_pid)],
-                    "server": servers[server],
-                }
-                counter = counters.get(name)
-                counts = counter() if counter else (0.0, 0.0)
-                cpu0, t0 = {k: _cpu_ns(p) for k, p in watched.items()}, time.perf_counter()
-                window: Window = runs[name](n)
-                elapsed = time.perf_counter() - t0
-                cores = {k: (_cpu_ns(p) - cpu0[k]) / 1e9 / elapsed for k, p in watched.items()}
-                if server == "self":  # one process: the load generator's share is in "server"
-                    cores["load generator"] = 0.0
-                if counter:
-                    after = counter()
-                    point["rows"] += after[0] - counts[0]
-                    point["batches"] += after[1] - counts[1]
-                point["throughput"].append(window.throughput)
-                point["latencies"].extend(window.latencies_ms)
-                point["errors"] += window.errors
-                point["cores"].append(cores)
-    return points
+def _profile(hub_pid: int, load: Any, feed: dict[str, np.ndarray]) -> dict[str, Any] | None:
+    """py-spy on hub A's MQTT ingress process at the target load, if py-spy is installed."""
+    ingress = hub_processes(hub_pid).get("mqtt 0")
+    if not ingress:
+        return None
+    spy = profile(ingress[0], _PROFILE_S)
+    window = load.run("cloud", feed, TARGET_AT, 0.5, _PROFILE_S + 0.5)
+    summary = profile_summary(spy) if spy is not None else None
+    if summary is not None:
+        summary["requests_per_s"] = window.throughput
+    return summary

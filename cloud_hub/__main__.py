@@ -75,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--cdn", help="pull the --model(s) from this CDN into --repo")
     add("--model", action="append", default=[], help="NAME or NAME@VERSION to pull (repeat)")
     add("--trusted-key", action="append", type=Path, default=[], help="publisher public key")
-    add("--cdn-token", default=os.environ.get("TANDEM_CDN_TOKEN"), help="CDN read token")
+    add("--cdn-token", default=os.environ.get("TANDEM_CDN_READ_TOKEN"), help="CDN read token")
     add("--cdn-ca", type=Path, help="PEM CA of an https:// CDN")
     add("--cdn-poll-s", type=float, default=30.0, help="ask the CDN for new versions this often")
     return parser

@@ -86,6 +86,23 @@ class HubServeSettings:
     log_level: str = "info"
     log_format: str = "text"
 
+    def problem(self) -> tuple[str, str] | None:
+        """The first command-line mistake in these settings (``check_options``), or None."""
+        return check_options(
+            log_level=self.log_level,
+            http_port=self.http_port,
+            log_format=self.log_format,
+            workers=self.workers,
+            no_share=self.no_share,
+            http_workers=self.http_workers,
+            mqtt_client=self.mqtt_client,
+            device=self.device,
+            max_inflight_mib=self.max_inflight_mib,
+            cdn=self.cdn,
+            models=self.models,
+            trusted_keys=self.trusted_keys,
+        )
+
 
 def check_options(
     *,

@@ -11,6 +11,8 @@
   ``publish_assignment`` is deprecated.
 - ``create_app``: the HTTP API devices download from (``model_cdn.http``).
 - ``AdminClient``: the admin API from elsewhere (publish, assign, rollouts, fleet).
+- ``pull_model``: a published version, verified, as the model file's bytes, from the
+  CDN (``CdnSource``) or a registry and store (``RegistrySource``); ``write_model_file``.
 - ``CdnError`` and its subclasses: the exception tree is drawn in ``_errors``.
 
 Light to import: the HTTP server (FastAPI) and the publish pipeline (onnx,
@@ -36,11 +38,13 @@ from ._errors import (
     DeviceNotFoundError,
     DocumentRejectedError,
     HttpError,
+    IdenticalModelError,
     InvalidNameError,
     LeaseLostError,
     ModelNotFoundError,
     NoRolloutLeaderError,
     PublishError,
+    PullError,
     QuantizationError,
     RangeNotSatisfiableError,
     RegistryError,
@@ -54,6 +58,14 @@ from ._errors import (
 )
 from ._operations import AssignResult, add_version, assign_version, delete_version
 from ._publisher import AssignmentLink, AssignmentPublisher
+from ._pull import (
+    CdnSource,
+    ModelSource,
+    PulledVersion,
+    RegistrySource,
+    pull_model,
+    write_model_file,
+)
 from .registry import Registry, VersionRecord, open_registry
 from .store import BlobStore, LocalBlobStore, open_store
 
@@ -74,20 +86,26 @@ __all__ = [
     "BlobStore",
     "BrokerError",
     "CdnError",
+    "CdnSource",
     "DeviceNotFoundError",
     "DocumentRejectedError",
     "HttpError",
+    "IdenticalModelError",
     "InvalidNameError",
     "LeaseLostError",
     "LocalBlobStore",
     "ModelNotFoundError",
+    "ModelSource",
     "NoRolloutLeaderError",
     "PublishError",
     "PublishResult",
+    "PullError",
+    "PulledVersion",
     "QuantizationError",
     "RangeNotSatisfiableError",
     "Registry",
     "RegistryError",
+    "RegistrySource",
     "RolloutConflictError",
     "RolloutNotFoundError",
     "RolloutRequestError",
@@ -106,6 +124,8 @@ __all__ = [
     "open_store",
     "publish_assignment",
     "publish_model",
+    "pull_model",
+    "write_model_file",
 ]
 
 # name -> the module that defines it, imported on first access

@@ -136,11 +136,25 @@ class AdminClient:
 
     def latest_manifest(self, name: str) -> dict[str, Any] | None:
         """The latest signed manifest of ``name`` as the CDN serves it; None: no such model."""
+        return self.manifest(name)
+
+    def manifest(self, name: str, version: int | None = None) -> dict[str, Any] | None:
+        """The signed manifest of ``name@version`` (the latest when None), unverified;
+        None: no such model or version."""
         try:
-            return self._object("GET", self._paths.manifest(name))
+            return self._object("GET", self._paths.manifest(name, version))
         except AdminApiError as e:
             if e.status == 404:
                 return None
+            raise
+
+    def list_versions(self, name: str) -> list[dict[str, Any]]:
+        """``{version, blob_digest, published_at}`` of each version of ``name``; [] if none."""
+        try:
+            return self._list("GET", self._paths.versions(name), "versions")
+        except AdminApiError as e:
+            if e.status == 404:
+                return []
             raise
 
     def get_blob(self, digest: str, size: int) -> bytes:

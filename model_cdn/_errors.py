@@ -6,8 +6,12 @@ Exception tree (the HTTP status the CDN's API answers in brackets)::
     ├── CdnError                           base of the CDN's errors
     │   ├── PublishError                   the publish pipeline refused or failed
     │   │   ├── QuantizationError          quantizing the model failed
-    │   │   └── ValidationError            the quantized model disagrees too much with the
-    │   │                                  float one
+    │   │   ├── ValidationError            the quantized model disagrees too much with the
+    │   │   │                              float one
+    │   │   └── IdenticalModelError        the model is byte for byte a version already
+    │   │                                  published (``version``: that one)
+    │   ├── PullError                      a pulled model did not check out: another name or
+    │   │                                  version than asked, a blob unlike its manifest
     │   ├── RegistryError                  the registry database failed or refused [503]
     │   │   ├── ModelNotFoundError         no such model or version [404]
     │   │   ├── DeviceNotFoundError        no device with that id in the fleet registry [404]
@@ -69,11 +73,13 @@ __all__ = [
     "DeviceNotFoundError",
     "DocumentRejectedError",
     "HttpError",
+    "IdenticalModelError",
     "InvalidNameError",
     "LeaseLostError",
     "ModelNotFoundError",
     "NoRolloutLeaderError",
     "PublishError",
+    "PullError",
     "QuantizationError",
     "RangeNotSatisfiableError",
     "RegistryError",
@@ -101,6 +107,18 @@ class QuantizationError(PublishError):
 
 class ValidationError(PublishError):
     """The quantized model disagrees with the float one beyond the publisher's threshold."""
+
+
+class IdenticalModelError(PublishError):
+    """The model is byte for byte a version already published (``version``)."""
+
+    def __init__(self, message: str, *, version: int) -> None:
+        super().__init__(message)
+        self.version = version
+
+
+class PullError(CdnError):
+    """A pulled model did not check out against its signed manifest or the request."""
 
 
 class RegistryError(CdnError):

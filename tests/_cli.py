@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["ROOT", "one_error_line", "tandem", "tandem_env"]
+__all__ = ["ROOT", "marked_required", "one_error_line", "tandem", "tandem_env"]
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,3 +63,12 @@ def one_error_line(result: subprocess.CompletedProcess[str], code: int, *needles
     for needle in needles:
         assert needle in lines[0], lines[0]
     return lines[0]
+
+
+def marked_required(help_text: str, option: str) -> bool:
+    """Whether ``--help`` marks ``option`` required: ``*`` before it in its panel row."""
+    for line in help_text.splitlines():
+        cells = line.strip("│ ").split()
+        if line.startswith("│") and option in cells:
+            return cells[0] == "*" and cells.index(option) == 1
+    raise AssertionError(f"{option} is not in the help")

@@ -439,3 +439,42 @@ def test_a_streamed_body_above_the_limit_is_413(small_url: str) -> None:
         assert (
             c.post("/v2/models/linear/infer", content=content, headers=headers).status_code == 200
         )
+
+
+# -- the in-flight byte budget ---------------------------------------------------------------
+
+
+def _padded(x: np.ndarray, size: int) -> bytes:
+    """A JSON body of ``size`` bytes (trailing whitespace is valid JSON)."""
+    text = json.dumps(infer_json(x)).encode()
+    assert len(text) <= size
+    return text + b" " * (size - len(text))
+
+
+def test_bodies_held_at_once_past_the_budget_are_503_and_answered_ones_give_it_back(
+    hub: Hub,
+) -> None:
+    held = HeldModel(hub, "held-budget")
+    app = create_app(hub, max_body_bytes=1024, max_json_bytes=1024, max_inflight_bytes=1024)
+    path = "/v2/models/held-budget/infer"
+    json_type = {"content-type": "application/json"}
+    with HttpServer(app, port=0) as server, httpx.Client(base_url=server.url, timeout=WAIT_S) as c:
+        blocker = held.hold()
+
+        def post() -> httpx.Response:  # 700 bytes, held in the queue behind the blocker
+            with httpx.Client(base_url=server.url, timeout=WAIT_S) as other:
+                return other.post(path, content=_padded(rows(1, seed=1), 700), headers=json_type)
+
+        thread, first = in_thread(post)
+        held.wait_queued(1)
+        over = c.post(path, content=_padded(rows(1, seed=2), 700), headers=json_type)
+        held.release()
+        thread.join(WAIT_S)
+        blocker.result(WAIT_S)
+        assert over.status_code == 503 and "budget" in over.json()["error"], over.text
+        assert first[0].status_code == 200
+        # Answered and refused bodies give their bytes back: 40 bodies, 28 KB, one at a time.
+        for i in range(40):
+            body = _padded(rows(1, seed=i), 700) if i % 4 else b"{" + b" " * 699
+            r = c.post(path, content=body, headers=json_type)
+            assert r.status_code == (200 if i % 4 else 400), (i, r.text)

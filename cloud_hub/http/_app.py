@@ -408,6 +408,8 @@ class _InferenceApi:
             status, code, message = _describe(e)
             self.prometheus.record("http", model_name, model_version, received=received, error=code)
             return _error_response(status, message)
+        finally:
+            self.budget.give(held)  # answered, refused or cancelled: its bytes are free again
         self.prometheus.record("http", model_name, model_version, received=received, result=result)
         if json_length is None:
             return Response(content, media_type="application/json")

@@ -1,8 +1,10 @@
 """``publish_model``: from a float model to a signed, registered, downloadable version.
 
-Steps: float ONNX (a file, bytes, or a torch module exported here) →
-quantize → validate against the float model on held-out samples → compress
-(zstd) → a delta from the previous version when smaller →
+Steps: float ONNX (a file, with its external weights inlined; bytes; or a
+torch module exported here) → quantize → validate against the float model
+on held-out samples → compress (zstd) → refuse a model byte for byte the
+same as a published version (unless ``allow_same``) → a delta from the
+previous version when smaller →
 build the manifest (specs, requirements, sizes, the validation report, a
 smoke test) → sign it → hand the release (signed manifest, blob, delta) to
 a target, which stores the blobs and registers the manifest.
@@ -56,10 +58,17 @@ from shared import (
     sign_document,
 )
 
-from .._errors import BlobNotFoundError, InvalidNameError, PublishError, VersionConflictError
+from .._errors import (
+    BlobNotFoundError,
+    IdenticalModelError,
+    InvalidNameError,
+    PublishError,
+    VersionConflictError,
+)
 from ..registry._base import Registry
 from ..store._base import BlobStore
 from ._export import export_torch
+from ._onnx_file import read_onnx_file, require_self_contained
 from ._quantize import METHODS, quantize_model, scheme_of
 from ._runner import OnnxModel, batches
 from ._smoke import pick_smoke_inputs, smoke_test, synthetic_inputs
@@ -93,7 +102,7 @@ def publish_model(
     store: BlobStore | None = None,
     target: PublishTarget | None = None,
     version: int | None = None,
-    quantize: Literal["int8-static", "int8-dynamic", "fp16", "none"] = "int8-static",
+    quantize: Literal["int8-static", "int8-dynamic", "fp16", "none"] | None = None,
     calibration: np.ndarray | None = None,
     validation: tuple[np.ndarray, np.ndarray | None] | None = None,
     min_agreement: float = 0.97,
@@ -103,22 +112,24 @@ def publish_model(
     expires_in_days: float = 365.0,
     example_input: np.ndarray | None = None,
     progress: Progress | None = None,
+    allow_same: bool = False,
 ) -> PublishResult:
     """Publish ``source`` as ``name`` version ``version`` (default: the latest + 1).
 
-    ``source`` is the float model: an ONNX file path, ONNX bytes or a
-    ``torch.nn.Module``. ``format="tflite"`` publishes ``tflite_file`` (already
-    converted) and validates it against ``source`` when a TFLite interpreter
-    is installed. The release goes to ``target`` (``AdminApiTarget``: the
-    CDN's admin API), or to ``registry`` and ``store`` (``LocalTarget``).
+    ``source`` is the float model: an ONNX file path (external weights beside
+    it are read and inlined), ONNX bytes or a ``torch.nn.Module``. ``quantize``
+    defaults to ``int8-static``. ``format="tflite"`` publishes ``tflite_file``
+    as converted (``quantize`` must then be ``"none"`` or left out: quantize
+    when converting) and validates it against ``source`` when a TFLite
+    interpreter is installed. A model byte for byte the same as a version
+    already published raises ``IdenticalModelError`` unless ``allow_same``. The
+    release goes to ``target`` (``AdminApiTarget``: the CDN's admin API), or
+    to ``registry`` and ``store`` (``LocalTarget``).
     """
     step: Progress = progress or (lambda stage, fraction: None)
-    _check_arguments(name, quantize, format, tflite_file, min_agreement, expires_in_days)
+    method = _check_arguments(name, quantize, format, tflite_file, min_agreement, expires_in_days)
+    _check_samples(method, format, calibration, validation)
     destination = _destination(target, registry, store)
-    if format == "onnx" and quantize == "int8-static" and calibration is None:
-        raise PublishError("int8-static quantization needs calibration inputs")
-    if format == "onnx" and quantize != "none" and validation is None:
-        raise PublishError(f"{quantize} needs validation inputs: agreement is the publish gate")
     latest = destination.latest(name)
     if version is None:
         version = latest.version + 1 if latest else 1
@@ -134,7 +145,9 @@ def publish_model(
         )
     if labels is not None:
         _check_labels(labels, reference.outputs)
-    model = _candidate(step, float_raw, reference, quantize, format, tflite_file, calibration)
+    model = _candidate(
+        step, float_raw, reference, method, format, tflite_file, calibration, _label(source)
+    )
     with _stage(step, "validate"):
         validated = _validate(
             reference, model.candidate, model.plain, val_inputs, val_labels, min_agreement
@@ -146,6 +159,8 @@ def publish_model(
     smoke = _smoke(model, samples, validated.get("kernel_max_abs_diff", 0.0))
     with _stage(step, "compress"):
         blob = compress_blob(model.artifact)
+    if not allow_same:
+        _check_changed(destination, name, latest, blob, model.artifact)
     with _stage(step, "delta"):
         delta = _delta(destination, latest, format, model.artifact, len(blob))
     manifest, signed = _signed_manifest(
@@ -204,6 +219,7 @@ def _candidate(
     format: str,
     tflite_file: Path | None,
     calibration: np.ndarray | None,
+    label: str,
 ) -> _Candidate:
     if format != "onnx":
         try:
@@ -218,6 +234,7 @@ def _candidate(
             input_name=reference.input.name,
             calibration=calibration,
             fixed_batch=reference.fixed_batch,
+            label=label,
         )
         candidate = OnnxModel.load(artifact, "quantized")
     plain = OnnxModel.load(artifact, "quantized", optimize=False)
@@ -269,24 +286,66 @@ def _stage(progress: Progress, name: str) -> Iterator[None]:
 
 def _check_arguments(
     name: str,
-    quantize: str,
+    quantize: str | None,
     format: str,
     tflite_file: Path | None,
     min_agreement: float,
     expires_in_days: float,
-) -> None:
+) -> str:
+    """The quantization method to use, once the arguments are checked."""
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise InvalidNameError(f"invalid model name {name!r:.80}: use A-Z a-z 0-9 . _ -")
-    if quantize not in METHODS:
+    if quantize is not None and quantize not in METHODS:
         raise PublishError(f"unknown quantization {quantize!r}; use one of {', '.join(METHODS)}")
     if format not in ("onnx", "tflite"):
         raise PublishError(f"format must be onnx or tflite, got {format!r}")
     if format == "tflite" and tflite_file is None:
         raise PublishError("format='tflite' publishes a converted file: pass tflite_file")
+    if format == "tflite" and quantize not in (None, "none"):
+        raise PublishError(
+            f"quantization {quantize} does not apply to a TFLite file, which is published as "
+            "converted: quantize it when converting, and leave quantization out (or none)"
+        )
     if not 0.0 <= min_agreement <= 1.0:
         raise PublishError(f"min_agreement must be within [0, 1], got {min_agreement}")
     if not expires_in_days > 0:
         raise PublishError(f"expires_in_days must be positive, got {expires_in_days}")
+    return quantize or ("int8-static" if format == "onnx" else "none")
+
+
+def _check_samples(
+    method: str, format: str, calibration: np.ndarray | None, validation: object
+) -> None:
+    if format == "onnx" and method == "int8-static" and calibration is None:
+        raise PublishError("int8-static quantization needs calibration inputs")
+    if format == "onnx" and method != "none" and validation is None:
+        raise PublishError(f"{method} needs validation inputs: agreement is the publish gate")
+
+
+def _check_changed(
+    target: PublishTarget, name: str, latest: LatestVersion | None, blob: bytes, raw: bytes
+) -> None:
+    """Refuse a model that is byte for byte one already published (a re-run, most likely)."""
+    same = None
+    if latest is not None:
+        ref = latest.blob()
+        if ref is not None and digest(raw) in (ref.raw_digest, ref.digest):
+            same = latest.version
+    if same is None:
+        same = target.version_with_blob(name, digest(blob))
+    if same is not None:
+        raise IdenticalModelError(
+            f"the model is byte for byte {name}@{same}, already published: "
+            "nothing new to publish (allow_same publishes it anyway)",
+            version=same,
+        )
+
+
+def _label(source: object) -> str:
+    """How errors name the float model: the user's file where there is one."""
+    if isinstance(source, str | os.PathLike):
+        return str(source)
+    return "the model bytes" if isinstance(source, bytes | bytearray) else "the exported module"
 
 
 def _typed(inputs: np.ndarray | None, datatype: str) -> np.ndarray | None:
@@ -302,12 +361,10 @@ def _float_model(
     val_inputs: np.ndarray | None,
 ) -> bytes:
     if isinstance(source, bytes | bytearray | memoryview):
+        require_self_contained(bytes(source), "the model bytes")
         return bytes(source)
     if isinstance(source, str | os.PathLike):
-        try:
-            return Path(source).read_bytes()
-        except OSError as e:
-            raise PublishError(f"cannot read the model {source}: {e}") from e
+        return read_onnx_file(Path(source))  # external weights inlined: one file to publish
     example = next((x for x in (example_input, calibration, val_inputs) if x is not None), None)
     if example is None:
         raise PublishError("exporting a torch module needs example_input (or sample inputs)")

@@ -24,19 +24,25 @@ Methods:
 - ``none``: the float model as is.
 
 Whatever the method, :func:`shrink_model` then removes what inference does
-not read. Foreign errors become ``QuantizationError``.
+not read. The float model must hold its weights (``_onnx_file`` inlines
+external data first) and so does the result: one file, what devices load.
+Foreign errors become ``QuantizationError``, naming the user's model rather
+than the temporary copies ONNX Runtime's tools work on.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from .._errors import QuantizationError
+from .._errors import PublishError, QuantizationError
+from ._onnx_file import external_locations, require_self_contained
 from ._runner import batches
 from ._shrink import shrink_model
 
@@ -78,34 +84,58 @@ def quantize_model(
     input_name: str,
     calibration: np.ndarray | None = None,
     fixed_batch: int | None = None,
+    label: str = "the model",
 ) -> bytes:
-    """The quantized, shrunk model file."""
+    """The quantized, shrunk model file: one file, with every weight inside.
+
+    ``label`` names the model in errors (the user's file), where ONNX Runtime's
+    tools would name the temporary copies they work on.
+    """
     import onnx
 
     if method not in METHODS:
         raise QuantizationError(f"unknown quantization {method!r}; use one of {', '.join(METHODS)}")
     try:
-        if method == "int8-static":
-            if calibration is None or len(calibration) == 0:
-                raise QuantizationError("int8-static needs calibration inputs")
-            model = _static(float_model, input_name, calibration, fixed_batch)
-        elif method == "int8-dynamic":
-            model = _dynamic(float_model)
-        elif method == "fp16":
-            model = _fp16(float_model)
-        else:
-            model = onnx.load_model_from_string(float_model)
-        shrunk = shrink_model(model)
-        onnx.checker.check_model(shrunk)
-        return bytes(shrunk.SerializeToString())
-    except QuantizationError:
-        raise
-    except Exception as e:  # ORT's tools raise ValueError, RuntimeError, onnx errors, ...
-        raise QuantizationError(f"{method} quantization failed: {e}") from e
+        require_self_contained(float_model, label)
+    except PublishError as e:
+        raise QuantizationError(str(e)) from e
+    with tempfile.TemporaryDirectory(prefix="tandem-quantize-") as tmp:
+        try:
+            if method == "int8-static":
+                if calibration is None or len(calibration) == 0:
+                    raise QuantizationError("int8-static needs calibration inputs")
+                model = _static(float_model, Path(tmp), input_name, calibration, fixed_batch, label)
+            elif method == "int8-dynamic":
+                model = _dynamic(float_model, Path(tmp), label)
+            elif method == "fp16":
+                model = _fp16(float_model)
+            else:
+                model = onnx.load_model_from_string(float_model)
+            shrunk = shrink_model(model)
+            onnx.checker.check_model(shrunk)
+        except QuantizationError:
+            raise
+        except Exception as e:  # ORT's tools raise ValueError, RuntimeError, onnx errors, ...
+            why = _without_temporary_paths(str(e), tmp, label)
+            raise QuantizationError(f"{label}: {method} quantization failed: {why}") from e
+    if external_locations(shrunk):  # the tools inline below 2 GiB; a blob must be whole
+        raise QuantizationError(f"{label}: {method} quantization left weights outside the file")
+    return bytes(shrunk.SerializeToString())
+
+
+def _without_temporary_paths(message: str, tmp: str, label: str) -> str:
+    """``message`` with each path into the temporary folder replaced by ``label``."""
+    pattern = re.escape(os.path.realpath(tmp)) + "|" + re.escape(tmp)
+    return re.sub(rf"(?:{pattern})(?:[/\\][\w.-]*)*", label, message)
 
 
 def _static(
-    float_model: bytes, input_name: str, calibration: np.ndarray, fixed_batch: int | None
+    float_model: bytes,
+    tmp: Path,
+    input_name: str,
+    calibration: np.ndarray,
+    fixed_batch: int | None,
+    label: str,
 ) -> Any:
     import onnx
     from onnxruntime.quantization import (
@@ -130,23 +160,22 @@ def _static(
             self.batches = batches(calibration, fixed_batch, _CALIBRATION_BATCH)
 
     reader = Calibration()
-    with tempfile.TemporaryDirectory(prefix="tandem-quantize-") as tmp:
-        prepared, quantized = _prepare(float_model, Path(tmp)), Path(tmp) / "q.onnx"
-        quantize_static(
-            str(prepared),
-            str(quantized),
-            reader,
-            quant_format=QuantFormat.QDQ,
-            per_channel=True,
-            reduce_range=True,
-            activation_type=QuantType.QUInt8,
-            weight_type=QuantType.QInt8,
-            calibrate_method=CalibrationMethod.MinMax,
-        )
-        return onnx.load_model(str(quantized))
+    prepared, quantized = _prepare(float_model, tmp, label), tmp / "q.onnx"
+    quantize_static(
+        str(prepared),
+        str(quantized),
+        reader,
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        reduce_range=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=CalibrationMethod.MinMax,
+    )
+    return onnx.load_model(str(quantized))
 
 
-def _prepare(float_model: bytes, directory: Path) -> Path:
+def _prepare(float_model: bytes, directory: Path, label: str) -> Path:
     """The float model after ORT's pre-processing (shape inference), as a file."""
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -155,21 +184,19 @@ def _prepare(float_model: bytes, directory: Path) -> Path:
     try:
         quant_pre_process(str(source), str(prepared), skip_optimization=True)
     except Exception as e:  # symbolic shape inference gives up on some graphs
-        _log.warning("quant_pre_process failed (%s); quantizing without it", e)
+        why = _without_temporary_paths(str(e), str(directory), label)
+        _log.warning("quant_pre_process failed on %s (%s); quantizing without it", label, why)
         return source
     return prepared
 
 
-def _dynamic(float_model: bytes) -> Any:
+def _dynamic(float_model: bytes, tmp: Path, label: str) -> Any:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    with tempfile.TemporaryDirectory(prefix="tandem-quantize-") as tmp:
-        prepared, quantized = _prepare(float_model, Path(tmp)), Path(tmp) / "q.onnx"
-        quantize_dynamic(
-            str(prepared), str(quantized), weight_type=QuantType.QInt8, reduce_range=True
-        )
-        return onnx.load_model(str(quantized))
+    prepared, quantized = _prepare(float_model, tmp, label), tmp / "q.onnx"
+    quantize_dynamic(str(prepared), str(quantized), weight_type=QuantType.QInt8, reduce_range=True)
+    return onnx.load_model(str(quantized))
 
 
 def _fp16(float_model: bytes) -> Any:

@@ -104,6 +104,11 @@ class PublishTarget(ABC):
     def add(self, release: Release) -> Published:
         """Store the release's blobs, then register its manifest."""
 
+    def version_with_blob(self, name: str, blob_digest: str) -> int | None:
+        """A published version of ``name`` whose blob is ``blob_digest``, if the target can
+        tell (the pipeline compares with the latest version itself); None otherwise."""
+        return None
+
 
 class LocalTarget(PublishTarget):
     """A registry and a blob store in this process (what ``tandem models publish`` uses
@@ -128,6 +133,13 @@ class LocalTarget(PublishTarget):
         if digest(data) != ref.digest:
             raise BlobNotFoundError(f"blob {ref.digest} is damaged in the store")
         return data
+
+    def version_with_blob(self, name: str, blob_digest: str) -> int | None:
+        try:
+            records = self.registry.list_versions(name)
+        except ModelNotFoundError:
+            return None
+        return next((r.version for r in records if r.blob_digest == blob_digest), None)
 
     def add(self, release: Release) -> Published:
         from .._operations import add_version  # the one code path the admin API takes too
@@ -161,6 +173,13 @@ class AdminApiTarget(PublishTarget):
             if e.status == 404:
                 raise BlobNotFoundError(f"the CDN has no blob {ref.digest}") from e
             raise
+
+    def version_with_blob(self, name: str, blob_digest: str) -> int | None:
+        for entry in self.client.list_versions(name):
+            version = entry.get("version")
+            if entry.get("blob_digest") == blob_digest and isinstance(version, int):
+                return version
+        return None
 
     def add(self, release: Release) -> Published:
         for blob_digest, data in release.blobs.items():

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
+from typer.core import TyperCommand
 
 if TYPE_CHECKING:
     from model_cdn import Registry
@@ -26,10 +27,12 @@ __all__ = [
     "PrefixOption",
     "RegistryOption",
     "SignKeyOption",
+    "SignedCommand",
     "StoreOption",
     "TlsCertOption",
     "TlsClientCaOption",
     "TlsKeyOption",
+    "TrustedKeysOption",
     "clean_errors",
     "fail",
     "load_key",
@@ -37,6 +40,7 @@ __all__ = [
     "mqtt_settings",
     "open_registry_for",
     "ratio_text",
+    "required_in_help",
     "size_text",
 ]
 
@@ -100,6 +104,15 @@ StoreOption = Annotated[
     ),
 ]
 PrefixOption = Annotated[str, typer.Option("--prefix", help="MQTT topic prefix.")]
+TrustedKeysOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--trusted-key",
+        help="The publisher's public key that must have signed the manifest: a publisher.pub "
+        "file or 'ed25519:…' text (repeatable).",
+        show_default=False,
+    ),
+]
 SignKeyOption = Annotated[
     Path | None,
     typer.Option(
@@ -109,6 +122,29 @@ SignKeyOption = Annotated[
         show_default=False,
     ),
 ]
+
+
+def required_in_help(*names: str) -> type[TyperCommand]:
+    """A command class whose help marks the options ``names`` required (``*``,
+    ``[required]``) while the command checks them itself, so a missing one is a line of
+    ours (naming its environment variable, say) instead of click's usage box."""
+
+    class RequiredInHelp(TyperCommand):
+        def format_help(self, ctx: Any, formatter: Any) -> None:
+            shown = [p for p in self.params if p.name in names and not p.required]
+            for param in shown:
+                param.required = True
+            try:
+                super().format_help(ctx, formatter)
+            finally:
+                for param in shown:
+                    param.required = False
+
+    return RequiredInHelp
+
+
+SignedCommand = required_in_help("sign_key")  # for commands that sign: publish, assign
+
 
 # TLS: PEM files, checked by shared's TlsSettings.from_files (one line, exit code 2).
 MqttCaOption = Annotated[

@@ -32,7 +32,7 @@ from ._admin import (
     plain_console,
     print_json,
 )
-from ._common import clean_errors, fail, ratio_text
+from ._common import fail, ratio_text
 from ._fleet_gateway import (
     BridgeCafileOption,
     BridgeFileOption,
@@ -43,6 +43,22 @@ from ._fleet_gateway import (
     GatewayOption,
     GatewayRequest,
     provision_site_gateway,
+)
+from ._fleet_provision import (
+    AclFileOption,
+    BindClientIdsOption,
+    BrokerFiles,
+    CdnUserOption,
+    DynsecFileOption,
+    HubUserOption,
+    LegacyTopicsOption,
+    PasswdFileOption,
+    PasswordOutOption,
+    PrefixOption,
+    RuleNames,
+    ShareGroupOption,
+    check_broker_files,
+    provision_broker,
 )
 from ._fleet_simulate import fleet_simulate
 from ._rollout_view import console
@@ -66,62 +82,16 @@ def fleet_provision(
             show_default=False,
         ),
     ],
-    dynsec_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--dynsec-file",
-            help="Mosquitto dynamic-security plugin state (JSON): created, or merged into. "
-            "The stronger configuration: SUBSCRIBE checked, client ids bound.",
-            show_default=False,
-        ),
-    ] = None,
-    passwd_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--passwd-file",
-            help="Mosquitto password_file (without the plugin): created, or merged into.",
-            show_default=False,
-        ),
-    ] = None,
-    acl_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--acl-file",
-            help="Mosquitto acl_file (with --passwd-file): rewritten.",
-            show_default=False,
-        ),
-    ] = None,
-    prefix: Annotated[str, typer.Option("--prefix", help="Topic prefix.")] = "tandem/v1",
-    hub_user: Annotated[str, typer.Option("--hub-user", help="The hubs' MQTT username.")] = "hub",
-    cdn_user: Annotated[
-        str, typer.Option("--cdn-user", help="The CDN / rollout controller's MQTT username.")
-    ] = "cdn",
-    share_group: Annotated[
-        str, typer.Option("--share-group", help="The hubs' shared-subscription group.")
-    ] = "hubs",
-    legacy_topics: Annotated[
-        bool,
-        typer.Option(
-            "--legacy-topics/--no-legacy-topics",
-            help="Also let devices publish requests on <prefix>/infer/<model> (the first "
-            "layout, for the migration release; turn off once every device uses its own topic).",
-        ),
-    ] = True,
-    bind_client_ids: Annotated[
-        bool,
-        typer.Option(
-            "--bind-client-ids/--no-bind-client-ids",
-            help="With --dynsec-file: each device may connect only with its id as client id.",
-        ),
-    ] = True,
-    password_out: Annotated[
-        Path | None,
-        typer.Option(
-            "--password-out",
-            help="Write 'USER PASSWORD' lines here (mode 0600) instead of printing them.",
-            show_default=False,
-        ),
-    ] = None,
+    dynsec_file: DynsecFileOption = None,
+    passwd_file: PasswdFileOption = None,
+    acl_file: AclFileOption = None,
+    prefix: PrefixOption = "tandem/v1",
+    hub_user: HubUserOption = "hub",
+    cdn_user: CdnUserOption = "cdn",
+    share_group: ShareGroupOption = "hubs",
+    legacy_topics: LegacyTopicsOption = True,
+    bind_client_ids: BindClientIdsOption = True,
+    password_out: PasswordOutOption = None,
     gateway: GatewayOption = None,
     cloud_broker: CloudBrokerOption = None,
     bridge_file: BridgeFileOption = None,
@@ -165,20 +135,9 @@ def fleet_provision(
 
     docs/site-gateways.md describes the topology and the site broker's configuration.
     """
-    from model_cdn._mqtt_acl import provision_users, provisioning_acl
-    from model_cdn._mqtt_dynsec import provision_dynsec
-    from shared import ConfigError
-
     command = "fleet provision"
-    plain = passwd_file is not None or acl_file is not None
-    if (dynsec_file is None) == (not plain) or (plain and None in (passwd_file, acl_file)):
-        fail(command, "give --dynsec-file, or --passwd-file with --acl-file", 2)
-    written = [p for p in (dynsec_file, passwd_file, acl_file) if p is not None]
-    targets = {p.resolve() for p in written}
-    if len(targets) != len(written) or (
-        password_out is not None and password_out.resolve() in targets
-    ):
-        fail(command, "--passwd-file, --acl-file and --password-out must differ", 2)
+    files = BrokerFiles(dynsec_file, passwd_file, acl_file, password_out)
+    check_broker_files(command, files)
     site = GatewayRequest(
         gateway,
         cloud_broker,
@@ -188,66 +147,22 @@ def fleet_provision(
         cloud_passwd_file,
         cloud_acl_file,
     )
-    if site.given:
-        provision_site_gateway(
-            command,
-            devices,
-            site,
-            site_files=(dynsec_file, passwd_file, acl_file),
-            password_out=password_out,
-            prefix=prefix,
-            hub_user=hub_user,
-            cdn_user=cdn_user,
-            bind_client_ids=bind_client_ids,
-            legacy_topics=legacy_topics,
-        )
+    if not site.given:
+        names = RuleNames(prefix, hub_user, cdn_user, share_group, legacy_topics, bind_client_ids)
+        provision_broker(command, devices, files, names)
         return
-    with clean_errors(command):
-        try:
-            provisioning_acl(
-                devices,
-                prefix=prefix,
-                hub_user=hub_user,
-                cdn_user=cdn_user,
-                legacy_topics=legacy_topics,
-            )
-            if dynsec_file is not None:
-                done = provision_dynsec(
-                    devices,
-                    dynsec_file=dynsec_file,
-                    prefix=prefix,
-                    hub_user=hub_user,
-                    cdn_user=cdn_user,
-                    share_group=share_group,
-                    legacy_topics=legacy_topics,
-                    bind_client_ids=bind_client_ids,
-                    password_out=password_out,
-                )
-        except ConfigError as e:
-            fail(command, str(e), 2)
-        if dynsec_file is None:
-            assert passwd_file is not None and acl_file is not None
-            done = provision_users(
-                devices,
-                passwd_file=passwd_file,
-                acl_file=acl_file,
-                prefix=prefix,
-                hub_user=hub_user,
-                cdn_user=cdn_user,
-                password_out=password_out,
-                legacy_topics=legacy_topics,
-            )
-    if password_out is None:
-        typer.echo(done.secrets_text(), nl=False)
-    for user in devices:
-        role = " (hub)" if user == hub_user else " (cdn)" if user == cdn_user else ""
-        typer.echo(f"{'rotated' if user in done.rotated else 'added'} {user}{role}", err=True)
-    if dynsec_file is not None:
-        typer.echo(f"wrote {dynsec_file}; restart Mosquitto to load it", err=True)
-    else:
-        typer.echo(
-            f"wrote {passwd_file} and {acl_file}; reload Mosquitto: kill -HUP <pid>", err=True
-        )
+    provision_site_gateway(
+        command,
+        devices,
+        site,
+        site_files=(dynsec_file, passwd_file, acl_file),
+        password_out=password_out,
+        prefix=prefix,
+        hub_user=hub_user,
+        cdn_user=cdn_user,
+        bind_client_ids=bind_client_ids,
+        legacy_topics=legacy_topics,
+    )
 
 
 # -- the fleet as the CDN sees it ---------------------------------------------

@@ -8,14 +8,16 @@ for machines that install the hub alone.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from cloud_hub._serve import (  # light: the hub's heavy parts load when it serves
     LOG_LEVELS,
     MQTT_CLIENTS,
+    HubServeSettings,
     default_workers,
 )
 
@@ -173,7 +175,7 @@ CdnTokenOption = Annotated[
     str | None,
     typer.Option(
         "--cdn-token",
-        envvar="TANDEM_CDN_TOKEN",
+        envvar="TANDEM_CDN_READ_TOKEN",
         help="The CDN's read token, when it needs one.",
         show_default=False,
     ),
@@ -267,68 +269,43 @@ def hub(
 
     Example: tandem hub --repo ./models --broker mqtt://broker:1883 --http-port 8000
     """
-    from cloud_hub._serve import HubServeSettings, check_options, serve
+    settings = _serve_settings(dict(locals()))  # first: locals() are the options only
+    from cloud_hub._serve import serve
     from shared import TandemError
 
-    workers = workers or (1 if no_share else default_workers())
-    problem = check_options(
-        log_level=log_level,
-        http_port=http_port,
-        log_format=log_format,
-        workers=workers,
-        no_share=no_share,
-        http_workers=http_workers,
-        mqtt_client=mqtt_client,
-        device=device,
-        max_inflight_mib=max_inflight_mib,
-        cdn=cdn,
-        models=tuple(model or ()),
-        trusted_keys=tuple(trusted_key or ()),
-    )
-    if problem is not None:
-        raise typer.BadParameter(problem[1], param_hint=problem[0])
-    _check_security(
-        api_keys if http_port else None,
-        (tls_cert, tls_key, tls_client_ca),
-        (mqtt_ca, mqtt_cert, mqtt_key),
-    )
-    settings = HubServeSettings(
-        repo=repo,
-        broker=broker,
-        share_group=share_group,
-        no_share=no_share,
-        prefix=prefix,
-        legacy_topics=legacy_topics,
-        http_port=http_port,
-        http_host=http_host,
-        api_keys=api_keys.resolve() if api_keys is not None and http_port else None,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        tls_client_ca=tls_client_ca,
-        mqtt_ca=mqtt_ca,
-        mqtt_cert=mqtt_cert,
-        mqtt_key=mqtt_key,
-        mqtt_client=mqtt_client,
-        device=device,
-        workers=workers,
-        http_workers=http_workers,
-        max_inflight_mib=max_inflight_mib,
-        redis_url=redis,
-        repo_poll_s=max(0.0, repo_poll_s),
-        cdn=cdn,
-        models=tuple(model or ()),
-        trusted_keys=tuple(trusted_key or ()),
-        cdn_token=cdn_token,
-        cdn_ca=cdn_ca,
-        cdn_poll_s=max(1.0, cdn_poll_s),
-        log_level=log_level,
-        log_format=log_format,
-    )
     try:
         serve(settings)
     except TandemError as e:
         typer.echo(f"tandem hub: {e}", err=True)
         raise typer.Exit(1) from e
+
+
+# The options whose names differ from HubServeSettings' fields.
+_RENAMED = {"redis": "redis_url", "model": "models", "trusted_key": "trusted_keys"}
+
+
+def _serve_settings(options: dict[str, Any]) -> HubServeSettings:
+    """``tandem hub``'s options as settings; a mistake in them exits 2 with one line."""
+    fields = {_RENAMED.get(name, name): value for name, value in options.items()}
+    fields["workers"] = fields["workers"] or (1 if fields["no_share"] else default_workers())
+    fields["models"] = tuple(fields["models"] or ())
+    fields["trusted_keys"] = tuple(fields["trusted_keys"] or ())
+    fields["repo_poll_s"] = max(0.0, fields["repo_poll_s"])
+    fields["cdn_poll_s"] = max(1.0, fields["cdn_poll_s"])
+    if not fields["http_port"]:
+        fields["api_keys"] = None  # no HTTP API: no keys to check
+    settings = HubServeSettings(**fields)
+    problem = settings.problem()
+    if problem is not None:
+        raise typer.BadParameter(problem[1], param_hint=problem[0])
+    _check_security(
+        settings.api_keys,
+        (settings.tls_cert, settings.tls_key, settings.tls_client_ca),
+        (settings.mqtt_ca, settings.mqtt_cert, settings.mqtt_key),
+    )
+    if settings.api_keys is not None:
+        return replace(settings, api_keys=settings.api_keys.resolve())
+    return settings
 
 
 def _check_security(

@@ -1,4 +1,4 @@
-"""``tandem models``: publish model versions, list them, assign them to devices.
+"""``tandem models``: publish model versions, list them, pull them, assign them to devices.
 
 ``publish`` runs the publish pipeline (``model_cdn.publish``, which needs
 onnx and onnxruntime and loads only when the command runs) behind a
@@ -8,7 +8,9 @@ API (``--cdn URL``, with ``--token``), or the registry and store named by
 call the server makes. ``assign`` signs assignments and, likewise, sends
 them through the admin API (the CDN stores them and publishes them on its
 broker) or stores them in ``--registry`` and publishes them on ``--broker``.
-``list`` reads the registry. Failures are one line on stderr, ``tandem
+``list`` reads the registry. ``pull`` writes one version's model file,
+verified against ``--trusted-key`` (``model_cdn.pull_model``), from the CDN
+(``--cdn``) or the registry and store. Failures are one line on stderr, ``tandem
 models <command>: <why>``: exit 1 when the work failed, 2 when the command
 line was wrong.
 """
@@ -30,13 +32,17 @@ from ._common import (
     MqttKeyOption,
     PrefixOption,
     RegistryOption,
+    SignedCommand,
     SignKeyOption,
     StoreOption,
+    TrustedKeysOption,
     clean_errors,
     fail,
     load_key,
+    load_trusted_key,
     mqtt_settings,
     open_registry_for,
+    required_in_help,
 )
 from ._models_view import (
     models_table,
@@ -133,7 +139,7 @@ AssignBrokerOption = Annotated[
 ]
 
 
-@models_app.command("assign")
+@models_app.command("assign", cls=SignedCommand)
 def models_assign(
     target: Annotated[
         str,
@@ -268,7 +274,15 @@ NameOption = Annotated[str, typer.Option("--name", help="Model name.", show_defa
 VersionOption = Annotated[
     int | None, typer.Option("--version", help="Version number (default: the latest + 1).")
 ]
-QuantizeOption = Annotated[str, typer.Option("--quantize", help=f"One of {', '.join(QUANTIZE)}.")]
+QuantizeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--quantize",
+        help=f"One of {', '.join(QUANTIZE)}. Default: int8-static; with --format tflite the "
+        "file is published as converted (none).",
+        show_default=False,
+    ),
+]
 CalibrationOption = Annotated[
     Path | None,
     typer.Option("--calibration", help="Calibration inputs (.npy, or .npz with 'inputs')."),
@@ -295,14 +309,21 @@ LabelsOption = Annotated[
 ExpiresOption = Annotated[
     float, typer.Option("--expires-in-days", help="Devices refuse the manifest after this.")
 ]
+AllowSameOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-same",
+        help="Publish even when the model is byte for byte a version already published.",
+    ),
+]
 
 
-@models_app.command("publish")
+@models_app.command("publish", cls=SignedCommand)
 def models_publish(
     source: SourceArgument,
     name: NameOption,
     version: VersionOption = None,
-    quantize: QuantizeOption = "int8-static",
+    quantize: QuantizeOption = None,
     calibration: CalibrationOption = None,
     validation: ValidationOption = None,
     min_agreement: MinAgreementOption = 0.97,
@@ -311,6 +332,7 @@ def models_publish(
     labels: LabelsOption = None,
     expires_in_days: ExpiresOption = 365.0,
     sign_key: SignKeyOption = None,  # required; checked so the message names the env variable
+    allow_same: AllowSameOption = False,
     registry: RegistryOption = DEFAULT_REGISTRY,
     store: StoreOption = DEFAULT_STORE,
     cdn: TargetCdnOption = None,
@@ -328,18 +350,12 @@ def models_publish(
     --validation val.npz --sign-key ~/.tandem/publisher.key
     """
     command = "models publish"
-    if quantize not in QUANTIZE:
-        fail(command, f"--quantize must be one of {', '.join(QUANTIZE)}, got {quantize!r}", 2)
-    if format not in FORMATS:
-        fail(command, f"--format must be onnx or tflite, got {format!r}", 2)
-    if not 0 <= min_agreement <= 1:
-        fail(command, f"--min-agreement must be between 0 and 1, got {min_agreement}", 2)
-    if not source.is_file():
-        fail(command, f"no model file {source}", 2)
+    _check_publish_options(command, source, quantize, format, min_agreement)
     client = None if cdn is None else admin_client(command, cdn, token, ca)
     with clean_errors(command), admin_errors(command):
         key = load_key(sign_key, command)
         try:
+            from model_cdn import IdenticalModelError
             from model_cdn.publish import load_samples, publish_model
         except ImportError as e:
             fail(command, f"the publish pipeline needs {e.name!r}: install tandem[cdn]")
@@ -355,6 +371,7 @@ def models_publish(
             "tflite_file": tflite_file,
             "labels": read_labels(labels) if labels else None,
             "expires_in_days": expires_in_days,
+            "allow_same": allow_same,
         }
         reg = None if client is not None else open_registry_for(registry, create=True)
         try:
@@ -362,10 +379,37 @@ def models_publish(
             result = with_progress(
                 lambda progress: publish_model(source, target=target, progress=progress, **options)
             )
+        except IdenticalModelError as e:
+            fail(
+                command,
+                f"{source} is byte for byte {name}@{e.version}, already published: nothing new "
+                "(--allow-same publishes it as a new version anyway)",
+            )
         finally:
             if reg is not None:
                 reg.close()
     print_published(result)
+
+
+def _check_publish_options(
+    command: str, source: Path, quantize: str | None, format: str, min_agreement: float
+) -> None:
+    """What the command line alone can tell is wrong: one line, exit code 2."""
+    if quantize is not None and quantize not in QUANTIZE:
+        fail(command, f"--quantize must be one of {', '.join(QUANTIZE)}, got {quantize!r}", 2)
+    if format not in FORMATS:
+        fail(command, f"--format must be onnx or tflite, got {format!r}", 2)
+    if format == "tflite" and quantize not in (None, "none"):
+        fail(
+            command,
+            f"--quantize {quantize} does not apply to --format tflite: the .tflite file is "
+            "published as converted (quantize it when converting); leave --quantize out",
+            2,
+        )
+    if not 0 <= min_agreement <= 1:
+        fail(command, f"--min-agreement must be between 0 and 1, got {min_agreement}", 2)
+    if not source.is_file():
+        fail(command, f"no model file {source}", 2)
 
 
 def _publish_target(
@@ -379,3 +423,118 @@ def _publish_target(
         return AdminApiTarget(client)
     assert registry is not None
     return LocalTarget(registry, open_store(store), trusted_keys=[key.public_key])
+
+
+# -- tandem models pull ---------------------------------------------------------
+
+_MODEL_REF = re.compile(r"([^@]+)(?:@([1-9][0-9]{0,17}))?")
+
+
+ModelRefArgument = Annotated[
+    str,
+    typer.Argument(
+        metavar="NAME[@VERSION]",
+        help="The model, and a version (default: the latest).",
+        show_default=False,
+    ),
+]
+OutOption = Annotated[
+    Path | None, typer.Option("--out", help="The model file to write.", show_default=False)
+]
+SourceCdnOption = Annotated[
+    str | None,
+    typer.Option(
+        "--cdn",
+        help="Read from this CDN (http:// or https://) instead of --registry and --store.",
+        show_default=False,
+    ),
+]
+ReadTokenOption = Annotated[
+    str | None,
+    typer.Option(
+        "--token",
+        envvar=["TANDEM_CDN_READ_TOKEN", "TANDEM_CDN_ADMIN_TOKEN"],
+        help="With --cdn, where the CDN guards reads: its read or admin token, or an API "
+        "key with models:read (env: TANDEM_CDN_READ_TOKEN, else TANDEM_CDN_ADMIN_TOKEN).",
+        show_default=False,
+    ),
+]
+
+
+@models_app.command("pull", cls=required_in_help("out", "trusted_key"))
+def models_pull(
+    target: ModelRefArgument,
+    out: OutOption = None,  # required; checked so that a missing one is one line
+    trusted_key: TrustedKeysOption = None,  # required, likewise
+    cdn: SourceCdnOption = None,
+    token: ReadTokenOption = None,
+    ca: CaOption = None,
+    registry: RegistryOption = DEFAULT_REGISTRY,
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Write a published model to a file, once its signed manifest and digests check out.
+
+    The manifest must be signed by a --trusted-key and unexpired, name the
+    model (and version) asked for, and the blob must match its digests; then
+    it is decompressed and written whole (a file a device loads as it is,
+    e.g. EdgeAgent("mnist-edge.onnx")). Nothing is written otherwise.
+
+    Example: tandem models pull mnist-edge@3 --out mnist-edge.onnx
+    --trusted-key keys/publisher.pub --cdn http://cdn.example:8700
+    """
+    command = "models pull"
+    match = _MODEL_REF.fullmatch(target)
+    if match is None:
+        fail(command, f"write the model as NAME or NAME@VERSION (e.g. mnist@3), got {target!r}", 2)
+    name, version = match.group(1), None if match.group(2) is None else int(match.group(2))
+    if out is None:
+        fail(command, "no --out FILE: where should the model go?", 2)
+    if not trusted_key:
+        fail(command, "no --trusted-key: the publisher's public key checks what is pulled", 2)
+    with clean_errors(command), admin_errors(command):
+        from model_cdn import pull_model, write_model_file
+        from shared import ManifestError, validate_name
+
+        try:
+            validate_name(name, "model name")
+            keys = [load_trusted_key(k) for k in trusted_key]
+        except ValueError as e:
+            fail(command, str(e), 2)
+        source, close = _pull_source(command, cdn, token, ca, registry, store)
+        try:
+            pulled = pull_model(source, name, version, keys)
+        except ManifestError as e:
+            asked = target if version else f"the latest {name}"
+            why = f"{e} (trusted: {', '.join(trusted_key)})"
+            fail(command, f"the manifest of {asked} from {source.where} does not verify: {why}")
+        finally:
+            close()
+        _check_suffix(command, out, pulled.manifest.format)
+        write_model_file(out, pulled.model)
+    method = pulled.manifest.quantization.get("method", "?")
+    typer.echo(
+        f"pulled {pulled.ref} ({pulled.manifest.format}, {method}, {len(pulled.model)} bytes) "
+        f"from {source.where} to {out}: signature and digests checked"
+    )
+
+
+def _pull_source(
+    command: str, cdn: str | None, token: str | None, ca: Path | None, registry: str, store: str
+) -> tuple[Any, Any]:
+    """Where ``pull`` reads from, and how to let go of it."""
+    from model_cdn import CdnSource, RegistrySource, open_store
+
+    if cdn is not None:
+        return CdnSource(admin_client(command, cdn, token, ca)), lambda: None
+    reg = open_registry_for(registry, create=False)
+    return RegistrySource(reg, open_store(store), where=registry), reg.close
+
+
+def _check_suffix(command: str, out: Path, format: str) -> None:
+    """Runtimes choose a loader by the file's suffix: a wrong one would load it as the wrong
+    kind of model."""
+    from model_cdn._pull import SUFFIXES
+
+    wanted = SUFFIXES.get(format)
+    if wanted and out.suffix in SUFFIXES.values() and out.suffix != wanted:
+        fail(command, f"the model is {format}: name the file {out.with_suffix(wanted)}", 2)
