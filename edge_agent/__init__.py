@@ -14,6 +14,8 @@ Typical use::
 A device holds one MQTT connection (``DeviceLink``, client id = device id):
 the agent's uplink makes it, and a ``ModelUpdater`` and a
 ``TelemetryReporter`` of the same agent use it too.
+``share_answers=ExampleSharing(sample_rate=0.05)`` (opt-in) lets the hub keep
+the offloaded requests the device got wrong as training examples.
 
 Never imports torch, fastapi or the hub/CDN packages: a device installs ``tandem[edge]``.
 """
@@ -44,6 +46,7 @@ from ._policy import Decision, HeavyCheck, OffloadPolicy, RequestFacts, Route, U
 from ._report import AgentMetrics, TelemetryReporter
 from ._result import InferenceResult, LatencyBreakdown, Source
 from ._scores import SCORES, entropy, margin, max_probability, to_probabilities
+from ._sharing import ExampleSharing
 from ._telemetry import AgentSnapshot, LatencyWindow, ModelCounters, TelemetryRecorder
 from ._uplink import MqttUplink, UplinkStats
 from .runtimes import ModelRuntime, TensorSpec, load_runtime
@@ -67,6 +70,7 @@ __all__ = [
     "EdgeAgent",
     "EdgeError",
     "Ewma",
+    "ExampleSharing",
     "FallbackReason",
     "HeavyCheck",
     "InferenceError",
