@@ -43,7 +43,9 @@ Rules every implementation keeps:
   only on MQTT 5 connections.
 
 ``PahoSession`` (paho-mqtt, pure Python, light: what devices use) lives here;
-the hub may use a C-backed one (``cloud_hub``'s awscrt session) with the same
+a device's agent, updater and telemetry share one, under the device's id
+(``edge_agent.DeviceLink``), and the CDN's fleet link runs on one too. The
+hub may use a C-backed one (``cloud_hub``'s awscrt session) with the same
 interface, chosen by measurement. They are the only places a paho or awscrt
 client is created (tests/test_mqtt_clients.py keeps it so).
 """
