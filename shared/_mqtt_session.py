@@ -364,7 +364,10 @@ class PahoSession(MqttSession):
         self._max_inflight = max_inflight  # 0: no cap on QoS 1 in flight
         self._client: Any = None
         self._unacked: deque[Any] = deque(maxlen=4096)
-        self._pending_subs: dict[int, list[str]] = {}
+        self._pending_subs: dict[int, list[str]] = {}  # SUBSCRIBE mid -> its filters
+        # Held while a SUBSCRIBE is sent and recorded: its SUBACK may come back on the
+        # network thread before ``client.subscribe`` has even returned the mid.
+        self._subs_lock = threading.Lock()
         self._refusals: dict[int, MqttRefusal] = {}  # mid -> the PUBACK's refusal
         self._refusals_lock = threading.Lock()
         self._attempt_failed = False  # the current attempt's failure is already recorded
@@ -446,9 +449,10 @@ class PahoSession(MqttSession):
         client = self._client
         if client is None:
             return
-        result, mid = client.subscribe(list(filters.items()))
-        if result == 0:
-            self._pending_subs[mid] = list(filters)
+        with self._subs_lock:
+            result, mid = client.subscribe(list(filters.items()))
+            if result == 0:
+                self._pending_subs[mid] = list(filters)
 
     def _send_unsubscribe(self, topic_filter: str) -> None:
         client = self._client
@@ -470,6 +474,8 @@ class PahoSession(MqttSession):
             self._attempt_failed = True
             self._connect_failed(ConnectFailure(str(refusal), refusal))
             return
+        with self._subs_lock:
+            self._pending_subs.clear()  # a clean start: what the last connection sent is gone
         self._connection_changed(True)
 
     def _on_connect_fail(self, _c: Any, _u: Any) -> None:
@@ -489,12 +495,14 @@ class PahoSession(MqttSession):
         self._connection_changed(False)
 
     def _on_subscribe(self, _c: Any, _u: Any, mid: int, codes: Any, _p: Any) -> None:
-        names = self._pending_subs.pop(mid, [])
+        with self._subs_lock:
+            names = self._pending_subs.pop(mid, [])
+            waiting = bool(self._pending_subs)
         failed = [(n, c) for n, c in zip(names, codes, strict=False) if c.is_failure]
         if failed:
             log.error("broker refused the subscription %s: %s", failed[0][0], failed[0][1])
             return
-        if not self._pending_subs:
+        if not waiting:
             self.subscribed.set()
 
     def _on_publish(self, _c: Any, _u: Any, mid: int, reason: Any, _p: Any) -> None:
