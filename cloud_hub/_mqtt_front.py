@@ -150,11 +150,13 @@ class MqttFront:
             failure = self.session.connect_failure
             self.session.stop(timeout_s=1.0)
             where = self.session.settings.url
-            if failure is not None and not self.session.connects:
-                raise BrokerError(f"{failure.explain(where)} (waited {wait_s}s)")
+            why = (
+                failure.explain(where)
+                if failure is not None and not self.session.connects
+                else "broker down, credentials refused, or shared subscriptions unsupported?"
+            )
             raise BrokerError(
-                f"no subscription to {self.subscriptions} on {where} within {wait_s}s "
-                "(broker down, credentials refused, or shared subscriptions unsupported?)"
+                f"no subscription to {self.subscriptions} on {where} within {wait_s}s ({why})"
             )
         return self
 
