@@ -6,6 +6,7 @@ CDN holding signed versions; the attacks live in ``test_updater_attacks``.
 
 from __future__ import annotations
 
+import logging
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -215,17 +216,30 @@ def test_polls_the_cdn_when_mqtt_is_not_configured(tmp_path: Path) -> None:
         cdn.close()
 
 
-def test_polls_the_cdn_while_the_broker_is_unreachable(rig: Rig) -> None:
+def test_polls_the_cdn_while_the_broker_is_unreachable(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
     rig.publisher.publish(2)
     rig.cdn.put_assignment(rig.device, MODEL, rig.publisher.assignment(rig.device, 2))
     dead = MqttSettings(port=free_port(), protocol="3.1.1", connect_timeout_s=0.2)
-    with rig.updater(rig.agent(), mqtt=dead, poll_interval_s=0.1) as updater:
+    with (
+        caplog.at_level(logging.WARNING, logger="tandem.edge.updater"),
+        rig.updater(rig.agent(), mqtt=dead, poll_interval_s=0.1) as updater,
+    ):
         wait_until(
             lambda: getattr(updater.status, "state", None) is UpdateState.INSTALLED,
             20,
             "installed via polling",
         )
     assert updater.running_version == 2
+    assert updater.stats.polls >= 1
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if "polling the CDN for assignments" in r.getMessage()
+    ]
+    assert len(said) == 1, said  # why MQTT is down, once, not at every poll
+    assert said[0].startswith(f"updater: cannot reach the MQTT broker at {dead.url}: ")
 
 
 def test_restart_bootstraps_the_committed_version_else_the_previous(rig: Rig) -> None:

@@ -144,6 +144,7 @@ class ModelUpdater:
         self._reports: list[UpdateStatus] = []
         self._thread: threading.Thread | None = None
         self._listening = False
+        self._said_why = False  # why MQTT is down was logged (once per outage)
 
     # -- public surface ----------------------------------------------------------------------
 
@@ -254,6 +255,11 @@ class ModelUpdater:
 
     def _poll(self) -> None:
         self.stats.polls += 1
+        link = self.link
+        if link is not None and link.connect_failure is not None and not self._said_why:
+            self._said_why = True  # once per outage
+            why = link.connect_failure.explain(link.settings.url)
+            log.warning("updater: %s; polling the CDN for assignments", why)
         try:
             raw = self._cdn.fetch_document(self._cdn.assignment_url(self.device_id, self.model))
         except DownloadError as e:
@@ -386,12 +392,14 @@ class ModelUpdater:
         if link is None or not self._listening:
             return
         self._listening = False
+        self._said_why = False  # why MQTT is down was logged (once per outage)
         link.unlisten(self.topics.assign(self.device_id))
         link.unwatch(self._on_connection)
         link.close()
 
     def _on_connection(self, up: bool) -> None:
         if up:
+            self._said_why = False
             self._connected.set()
         else:
             self._connected.clear()
