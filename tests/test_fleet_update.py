@@ -84,7 +84,7 @@ def test_a_fleet_updates_while_serving(tmp_path: Path, mosquitto: MosquittoProce
             except BaseException as e:  # any failure is a dropped request
                 errors.append(e)
 
-    with serve_in_thread(app) as cdn_url:
+    with serve_in_thread(app, lifespan="on") as cdn_url:  # its shutdown closes the MQTT link
         for device in DEVICES:
             store_dir = tmp_path / device
             provision(store_dir, versions)

@@ -60,7 +60,7 @@ def _serve(root: Path, key: SigningKey, mqtt: MqttSettings | None = None) -> Ite
         topics=topics,
     )
     try:
-        with serve_in_thread(app) as url:
+        with serve_in_thread(app, lifespan="on") as url:  # its shutdown closes the MQTT link
             yield Cdn(url, registry, store, topics)
     finally:
         registry.close()
