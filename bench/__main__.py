@@ -18,6 +18,7 @@ PARTS = {
     "edge-overhead": "bench.edge_overhead",  # (d)
     "distribution": "bench.distribution",  # (e)
     "rollout-gates": "bench.rollout_gates",  # (f)
+    "learning-loop": "bench.learning_loop",  # (g)
 }
 
 

@@ -31,6 +31,7 @@ _ORDER = (
     "edge-overhead",
     "distribution",
     "rollout-gates",
+    "learning-loop",
 )
 
 

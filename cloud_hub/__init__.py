@@ -13,6 +13,8 @@ The pieces: ``ModelRepository`` (Triton-like directories, see ``ModelConfig``)
 → ``DynamicBatcher`` (one per model) ← ``MqttFront`` (requests in, replies
 out, over a ``shared.MqttSession``), all owned by ``Hub``, whose
 ``HubMetrics`` (``hub.prometheus``) keeps its Prometheus registry.
+A model whose config has ``collection`` (``CollectionConfig``) keeps the
+offloaded requests its devices got wrong as training examples.
 ``cloud_hub.http`` serves the same hub over HTTP (the Open Inference
 Protocol v2, and ``/metrics``); it is imported on first use, since it pulls
 in FastAPI and uvicorn. Errors derive from ``HubError``; each carries the
@@ -22,6 +24,7 @@ wire ``ErrorCode`` a device receives.
 import importlib as _importlib
 
 from ._batcher import DynamicBatcher, HubResult, InferenceResult, ResultFuture
+from ._collect_config import CollectionConfig
 from ._config import ModelConfig, TensorSpec
 from ._errors import (
     BadRequestError,
@@ -53,6 +56,7 @@ __all__ = [
     "BatcherStats",
     "BrokerError",
     "CallableExecutor",
+    "CollectionConfig",
     "DeadlineExceededError",
     "DynamicBatcher",
     "Executor",

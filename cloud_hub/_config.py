@@ -11,7 +11,9 @@ Every key is optional::
      "default_version": null,                  # default: the highest version directory
      "instance_group": [{"count": 1, "kind": "KIND_AUTO", "gpus": [0]}],
      "optimization": {"fp16": false},          # ONNX on CUDA: run in half precision
-     "allow_non_finite": false}                # accept NaN and inf in float inputs
+     "allow_non_finite": false,                # accept NaN and inf in float inputs
+     "collection": {"store": "/var/lib/tandem/examples"}}
+                                               # keep hard examples (see _collect_config)
 
 ``dims`` exclude the batch dimension when ``max_batch_size > 0`` (as in
 Triton); ``-1`` (or ``null``) is a dimension of any size. ``ModelConfig``
@@ -35,10 +37,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal
 
 from shared import TensorError, TensorSpec
 
+from ._collect_config import CollectionConfig
 from ._errors import ModelConfigError
 
 __all__ = [
@@ -67,6 +71,7 @@ _KEYS = frozenset(
         "instance_group",
         "optimization",
         "allow_non_finite",
+        "collection",
     }
 )
 KINDS = ("KIND_AUTO", "KIND_CPU", "KIND_GPU")
@@ -151,6 +156,7 @@ class ModelConfig:
     instance_group: tuple[InstanceGroup, ...] = ()
     fp16: bool = False  # optimization.fp16: ONNX models on CUDA compute in half precision
     allow_non_finite: bool = False  # NaN/inf in float inputs are refused unless this is set
+    collection: CollectionConfig | None = None  # keep hard examples of this model (opt-in)
     source: str = field(default="<config>", compare=False)  # where it came from, for messages
 
     def __post_init__(self) -> None:
@@ -208,8 +214,12 @@ class ModelConfig:
         values: dict[str, Any] = {
             k: v
             for k, v in data.items()
-            if k not in ("inputs", "outputs", "instance_group", "optimization")
+            if k not in ("inputs", "outputs", "instance_group", "optimization", "collection")
         }
+        if data.get("collection") is not None:
+            values["collection"] = CollectionConfig.from_json(
+                data["collection"], source, base=Path(source).parent
+            )
         groups = data.get("instance_group")
         if groups is not None:
             if not isinstance(groups, list) or not groups:

@@ -39,7 +39,10 @@ request's correlation data when it had some.
 ``on_reply`` (optional) hears of every reply just before it is published, on
 the thread that publishes it, so metrics count a request by what its device
 is told; an exception there is logged, never raised, and the reply still
-goes out.
+goes out. ``collector`` (optional, an ``ExampleCollector``) is shown each
+request as it is decoded (``admit``) and, once its reply is sent, the
+cloud's answer (``answered``): it keeps hard examples without a second
+message and without I/O on the request's path.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from shared import (
 
 from ._backend import Backend, Outcome
 from ._batcher import HubResult
+from ._collect import ExampleCollector, Pending
 from ._errors import BadRequestError, BrokerError, HubError, InvalidRequestError, error_code
 from ._wire import ReplyTarget, reply_topic_allowed, salvage_target
 
@@ -102,6 +106,7 @@ class MqttFront:
         limits: Limits | None = None,
         on_reply: ReplyObserver | None = None,
         legacy_topics: bool = True,
+        collector: ExampleCollector | None = None,
     ) -> None:
         self.backend = backend
         self.session = session
@@ -111,6 +116,7 @@ class MqttFront:
         if legacy_topics:
             self.subscriptions.append(self.topics.infer_filter(share_group))
         self._on_reply = on_reply
+        self._collector = collector
         self._paused = False
         # One Counter per counting thread (the session's, each replying thread), summed by
         # ``stats``: a shared lock here would be taken twice per request by two threads.
@@ -240,6 +246,7 @@ class MqttFront:
         if not tensors:
             self._answer_probe(target)
             return
+        lesson = None if self._collector is None else self._collector.admit(request, tensors)
         try:
             self.backend.submit(
                 request.model,
@@ -247,7 +254,7 @@ class MqttFront:
                 tensors,
                 deadline=target.deadline,
                 arrival=received,
-                done=lambda outcome: self._answer(target, outcome),
+                done=lambda outcome: self._answer(target, outcome, lesson),
             )
         except Exception as e:  # HubError: typed; anything else: INTERNAL, the hub goes on
             self._reject(target, e, topic)
@@ -285,12 +292,15 @@ class MqttFront:
 
     # -- replies --------------------------------------------------------------------------
 
-    def _answer(self, target: ReplyTarget, outcome: Outcome) -> None:
+    def _answer(self, target: ReplyTarget, outcome: Outcome, lesson: Pending | None = None) -> None:
         """Encode and publish the reply to one request; never raises (it runs in callbacks)."""
         try:
             reply, frame = self._reply_for(target, outcome)
             self._observe(target, reply, outcome)
             self._publish(target, reply, frame)
+            if lesson is not None and reply.ok and isinstance(outcome, HubResult):
+                assert self._collector is not None
+                self._collector.answered(lesson, outcome)  # copies what it keeps: views die
         except Exception:
             log.exception(
                 "could not reply to request %s", target.request_id, extra=_context(target)

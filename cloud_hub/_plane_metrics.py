@@ -30,6 +30,7 @@ from prometheus_client.utils import floatToGoString
 from shared import ErrorCode
 
 from ._batcher import HubResult
+from ._collect_metrics import COLLECTION_FAMILIES, COLLECTION_HELP
 from ._metrics_book import Histogram, MetricsBook, merge_books, read_books
 from ._prometheus import DURATION_BUCKETS_US, HELP, TRANSPORTS
 
@@ -54,6 +55,7 @@ _FAMILIES: dict[str, tuple[str, list[str]]] = {
     "tandem_hub_mqtt_ingress_subscribed": ("gauge", []),
     "tandem_hub_version_swaps": ("counter", ["model"]),
     "tandem_hub_version_load_failures": ("counter", ["model"]),
+    **COLLECTION_FAMILIES,
 }
 
 
@@ -158,7 +160,7 @@ class PlaneMetrics:
 
 
 def _family(name: str, kind: str, labels: list[str]) -> Metric:
-    help_text = HELP.get(name, name)
+    help_text = HELP.get(name) or COLLECTION_HELP.get(name, name)
     if kind == "counter":
         return CounterMetricFamily(name, help_text, labels=labels)
     if kind == "gauge":

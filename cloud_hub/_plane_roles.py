@@ -8,7 +8,9 @@ ingress (``ExecutorLoop``) until SIGTERM, then answers what it still queues
 (``MqttFront``) over the executor pool (``PoolBackend``); the main thread reads
 the executors' replies (``ExecutorPool.poll``) while the MQTT client's thread
 decodes and submits. On SIGTERM it drains: unsubscribes, waits (up to
-``DRAIN_S``) until every request in flight is answered, then disconnects.
+``DRAIN_S``) until every request in flight is answered, then disconnects. Each
+has its own ``ExampleCollector`` when a model's config collects (its shards
+named after the process), closed last so that what it kept is written.
 
 ``run_http_ingress``: the Open Inference Protocol over the same pool, on an
 asyncio loop that also reads the executors' replies (no thread hand-off per
@@ -34,6 +36,7 @@ from pathlib import Path
 from shared import ApiKeyGuard, Limits, MqttSettings, TlsSettings, Topics, rate_limiter
 
 from ._backend import PoolBackend
+from ._collect import ExampleCollector
 from ._crt_session import open_session
 from ._errors import HubError
 from ._executor_loop import ExecutorLoop
@@ -43,7 +46,7 @@ from ._metrics_book import BookDumper, MetricsBook
 from ._mqtt_front import MqttFront
 from ._plane_metrics import BookRecorder, PlaneMetrics
 from ._plane_spec import PlaneSpec
-from ._repository import ModelRepository
+from ._repository import ModelRepository, model_configs
 from ._routes import RoutesFile
 
 __all__ = ["DRAIN_S", "run_executor", "run_http_ingress", "run_mqtt_ingress"]
@@ -122,6 +125,11 @@ def run_mqtt_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
         f"tandem-hub-{spec.hub_id}-{index}-{os.getpid()}",
         client=spec.mqtt_client,  # type: ignore[arg-type]  # checked by the CLI
     )
+    collector = ExampleCollector.for_models(
+        model_configs(spec.repo), writer=f"{spec.hub_id}-{ingress_id}", count=book.inc
+    )
+    if collector is not None:
+        collector.start()
     front = MqttFront(
         PoolBackend(pool),
         session,
@@ -130,6 +138,7 @@ def run_mqtt_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
         limits=Limits(),
         on_reply=functools.partial(recorder.record, "mqtt"),
         legacy_topics=spec.legacy_topics,
+        collector=collector,
     )
     stopping = threading.Event()
     _on_stop_signals(stopping.set)
@@ -150,6 +159,8 @@ def run_mqtt_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
             pool.poll(0.05)
         front.stop(timeout_s=2.0)
     finally:
+        if collector is not None:
+            collector.close(timeout_s=DRAIN_S)
         pool.close()
         dumper.close()
 

@@ -13,6 +13,9 @@ do the HTTP API in ``cloud_hub.http`` and benchmarks): requests from every
 transport meet in the same batchers and batch together. ``prometheus`` holds
 the hub's metrics (``_prometheus``): the transports record their answers
 there, and ``submit`` has every request's queue and compute time observed.
+Models whose config has ``collection`` get an ``ExampleCollector`` beside
+the MQTT worker (started before it subscribes, closed after it stopped, so
+every kept row is written), its counters in the same registry.
 """
 
 from __future__ import annotations
@@ -35,10 +38,13 @@ from shared import Limits, MqttSettings, Topics
 
 from ._backend import LocalBackend
 from ._batcher import DynamicBatcher, ResultFuture
+from ._collect import ExampleCollector
+from ._collect_metrics import CollectionCollector
 from ._config import ModelConfig
 from ._crt_session import open_session
 from ._errors import HubStoppingError, ModelNotFoundError
 from ._metrics import BatcherStats
+from ._metrics_book import MetricsBook
 from ._mqtt_front import MqttFront
 from ._prometheus import HubMetrics
 from ._repository import ModelRepository, ServedModel
@@ -88,11 +94,14 @@ class Hub:
         self.connect_timeout_s = connect_timeout_s
         self.mqtt_client = mqtt_client
         self.worker: MqttFront | None = None
+        self.collector: ExampleCollector | None = None  # set by start when a model collects
         self._batchers: dict[str, DynamicBatcher] = {}
         self._lock = threading.Lock()
         self._running = False
         self._stop_requested = threading.Event()
         self.prometheus = HubMetrics(self.batchers)
+        self._collection_book = MetricsBook("collect")
+        self.prometheus.registry.register(CollectionCollector(self._collection_book))
 
     # -- models ---------------------------------------------------------------------------
 
@@ -169,11 +178,15 @@ class Hub:
             for served in self.repository:
                 self._serve(served)
             if self.mqtt is not None:
-                session = open_session(
-                    self.mqtt,
-                    self.client_id or _client_id(),
-                    client=self.mqtt_client,
+                client_id = self.client_id or _client_id()
+                session = open_session(self.mqtt, client_id, client=self.mqtt_client)
+                self.collector = ExampleCollector.for_models(
+                    {served.name: served.config for served in self.repository},
+                    writer=client_id,
+                    count=self._collection_book.inc,
                 )
+                if self.collector is not None:
+                    self.collector.start()
                 self.worker = MqttFront(
                     LocalBackend(self),
                     session,
@@ -181,6 +194,7 @@ class Hub:
                     share_group=self.share_group,
                     limits=self.limits,
                     on_reply=functools.partial(self.prometheus.record, "mqtt"),
+                    collector=self.collector,
                 )
                 self.worker.start(wait_s=self.connect_timeout_s)
         except BaseException:
@@ -206,6 +220,9 @@ class Hub:
             batcher.stop(timeout_s)
         if worker is not None:
             worker.stop(timeout_s)
+        collector, self.collector = self.collector, None
+        if collector is not None:
+            collector.close(timeout_s)  # what the answered requests left to write
         if self._owns_repository:
             self.repository.close()
 

@@ -11,6 +11,9 @@ Typical use::
         result = agent.infer(image, deadline_ms=50)
         result.source, result.output, result.latency
 
+``share_answers=ExampleSharing(sample_rate=0.05)`` (opt-in) lets the hub keep
+the offloaded requests the device got wrong as training examples.
+
 Never imports torch, fastapi or the hub/CDN packages: a device installs ``tandem[edge]``.
 """
 
@@ -40,6 +43,7 @@ from ._policy import Decision, HeavyCheck, OffloadPolicy, RequestFacts, Route, U
 from ._report import AgentMetrics, TelemetryReporter
 from ._result import InferenceResult, LatencyBreakdown, Source
 from ._scores import SCORES, entropy, margin, max_probability, to_probabilities
+from ._sharing import ExampleSharing
 from ._telemetry import AgentSnapshot, LatencyWindow, ModelCounters, TelemetryRecorder
 from ._uplink import MqttUplink, UplinkStats
 from .runtimes import ModelRuntime, TensorSpec, load_runtime
@@ -62,6 +66,7 @@ __all__ = [
     "EdgeAgent",
     "EdgeError",
     "Ewma",
+    "ExampleSharing",
     "FallbackReason",
     "HeavyCheck",
     "InferenceError",

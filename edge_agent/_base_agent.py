@@ -70,6 +70,7 @@ from ._outcome import (
 from ._policy import Decision, OffloadPolicy, RequestFacts
 from ._report import AgentMetrics
 from ._result import InferenceResult, LatencyBreakdown, Source
+from ._sharing import ExampleSharing
 from ._telemetry import AgentSnapshot, AgentStats, ServingStats, TelemetryRecorder, check_labels
 from ._uplink import MqttUplink
 from .runtimes import ModelRuntime, load_runtime
@@ -135,8 +136,10 @@ class BaseAgent:
         labels: Mapping[str, str] | None = None,
         allow_non_finite: bool = False,
         probe_cloud: bool = True,
+        share_answers: ExampleSharing | None = None,
     ) -> None:
         self.labels = check_labels(labels)  # reported in telemetry, e.g. {"site": "factory-a"}
+        self.share_answers = share_answers  # may be set or cleared while the agent runs
         self._latency_window = latency_window
         self.runtime = load_runtime(model) if isinstance(model, str | Path) else model
         if self.runtime is None and (cloud_model is None or broker is None):
@@ -360,12 +363,16 @@ class BaseAgent:
         with self._stats_lock:
             self._offload_attempts += 1
             call.serving.offloads += 1
+        sharing = self.share_answers
         future, _ = self.uplink.send(
             model=self.cloud_model,
             tensors=call.inputs,
             timeout_ms=wait_ms,
             request_id=call.request_id,
             model_version=self.cloud_version,
+            extra=None
+            if sharing is None
+            else sharing.header(call.serving.versions, call.local_outputs, call.score),
         )
         return future
 

@@ -28,7 +28,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -155,8 +155,12 @@ class MqttUplink:
         timeout_ms: float,
         request_id: str,
         model_version: str | None = None,
+        extra: Mapping[str, Any] | None = None,
     ) -> tuple[Future[Message], int]:
-        """Publish one request; returns its reply future and the bytes sent."""
+        """Publish one request; returns its reply future and the bytes sent.
+
+        ``extra``: more header fields (the device's answer, ``shared.EdgeAnswer``).
+        """
         client = self._client
         if client is None or not self._connected.is_set():
             raise UplinkError("not connected to the broker", ErrorCode.INTERNAL)
@@ -169,6 +173,7 @@ class MqttUplink:
             timeout_ms=max(0.0, timeout_ms),
             device_id=self.device_id,
             sent_at_ms=time.time() * 1000.0,
+            extra=dict(extra) if extra else {},
         )
         message.tensors = tensors
         payload = encode_message(message, self.transfer)

@@ -3,48 +3,50 @@
 Exception tree (the HTTP status the CDN's API answers in brackets)::
 
     shared.TandemError
-    └── CdnError                           base of the CDN's errors
-        ├── PublishError                   the publish pipeline refused or failed
-        │   ├── QuantizationError          quantizing the model failed
-        │   ├── ValidationError            the quantized model disagrees too much with the
-        │   │                              float one
-        │   └── IdenticalModelError        the model is byte for byte a version already
-        │                                  published (``version``: that one)
-        ├── PullError                      a pulled model did not check out: another name or
-        │                                  version than asked, a blob unlike its manifest
-        ├── StoreError                     blob storage failed, disk or S3 [503]
-        │   └── BlobNotFoundError          no blob with that digest [404]
-        ├── RegistryError                  the registry database failed or refused [503]
-        │   ├── ModelNotFoundError         no such model or version [404]
-        │   ├── DeviceNotFoundError        no device with that id in the fleet registry [404]
-        │   ├── RolloutNotFoundError       no rollout with that id [404]
-        │   ├── VersionConflictError       the version is not above the latest one [409]
-        │   └── LeaseLostError             a write fenced off: this server no longer holds
-        │                                  the rollout leader's lease [503]
-        ├── InvalidNameError (ValueError)  a model name, device id or digest that is not
-        │                                  allowed: path traversal, wildcards [400]
-        ├── DocumentRejectedError (ValueError)
-        │                                  a signed manifest or assignment the CDN will not
-        │                                  take: for another model or device than asked,
-        │                                  expired, naming a blob the store lacks [400]
-        ├── BrokerError                    the MQTT broker cannot be reached, refused the
-        │   │                              connection or a message, or did not acknowledge
-        │   └── AssignmentNotPublishedError
-        │                                  an assignment was stored but not published [502]
-        ├── RolloutStateError              the rollout's state does not allow the command [409]
-        ├── RolloutConflictError           the model already has an active rollout [409]
-        ├── RolloutRequestError (ValueError)
-        │                                  a request that cannot start a rollout [400]
-        ├── NoRolloutLeaderError           no rollout leader answered a command in time [503]
-        ├── AuthError                      missing or wrong token [403]
-        ├── HttpError                      an answer of the HTTP API that carries its own
-        │   │                              status and headers (bad body, too large, off)
-        │   ├── AuthDenied (AuthError)     no, malformed or wrong credentials, a key without
-        │   │                              the scope or over its rate [401, 403, 429]
-        │   └── RangeNotSatisfiableError   a Range that starts past the end of a blob [416]
-        └── AdminApiError                  the admin API refused a request (``status``:
-                                           the HTTP status) or could not be reached (None);
-                                           raised by ``AdminClient``, the CDN's client
+    ├── CdnError                           base of the CDN's errors
+    │   ├── PublishError                   the publish pipeline refused or failed
+    │   │   ├── QuantizationError          quantizing the model failed
+    │   │   ├── ValidationError            the quantized model disagrees too much with the
+    │   │   │                              float one
+    │   │   └── IdenticalModelError        the model is byte for byte a version already
+    │   │                                  published (``version``: that one)
+    │   ├── PullError                      a pulled model did not check out: another name or
+    │   │                                  version than asked, a blob unlike its manifest
+    │   ├── RegistryError                  the registry database failed or refused [503]
+    │   │   ├── ModelNotFoundError         no such model or version [404]
+    │   │   ├── DeviceNotFoundError        no device with that id in the fleet registry [404]
+    │   │   ├── RolloutNotFoundError       no rollout with that id [404]
+    │   │   ├── VersionConflictError       the version is not above the latest one [409]
+    │   │   └── LeaseLostError             a write fenced off: this server no longer holds
+    │   │                                  the rollout leader's lease [503]
+    │   ├── InvalidNameError (ValueError)  a model name, device id or version that is not
+    │   │                                  allowed: path traversal, wildcards [400]
+    │   ├── DocumentRejectedError (ValueError)
+    │   │                                  a signed manifest or assignment the CDN will not
+    │   │                                  take: for another model or device than asked,
+    │   │                                  expired, naming a blob the store lacks [400]
+    │   ├── BrokerError                    the MQTT broker cannot be reached, refused the
+    │   │   │                              connection or a message, or did not acknowledge
+    │   │   └── AssignmentNotPublishedError
+    │   │                                  an assignment was stored but not published [502]
+    │   ├── RolloutStateError              the rollout's state does not allow the command [409]
+    │   ├── RolloutConflictError           the model already has an active rollout [409]
+    │   ├── RolloutRequestError (ValueError)
+    │   │                                  a request that cannot start a rollout [400]
+    │   ├── NoRolloutLeaderError           no rollout leader answered a command in time [503]
+    │   ├── AuthError                      missing or wrong token [403]
+    │   ├── HttpError                      an answer of the HTTP API that carries its own
+    │   │   │                              status and headers (bad body, too large, off)
+    │   │   ├── AuthDenied (AuthError)     no, malformed or wrong credentials, a key without
+    │   │   │                              the scope or over its rate [401, 403, 429]
+    │   │   └── RangeNotSatisfiableError   a Range that starts past the end of a blob [416]
+    │   └── AdminApiError                  the admin API refused a request (``status``:
+    │                                      the HTTP status) or could not be reached (None);
+    │                                      raised by ``AdminClient``, the CDN's client
+    └── shared.StoreError                  blob storage failed, disk or S3 (the store lives
+        │                                  in ``shared.store``; re-exported here) [503]
+        ├── shared.BlobNotFoundError       no blob with that digest [404]
+        └── shared.InvalidStoreKeyError    a malformed digest or key [400]
 
 A signed document that does not verify raises ``shared.ManifestError``
 (``SignatureError``, ``ExpiredError``) as it comes from ``shared``; the API
@@ -58,7 +60,7 @@ status and headers; the library's operations never raise them.
 
 from __future__ import annotations
 
-from shared import TandemError
+from shared import BlobNotFoundError, StoreError, TandemError
 
 __all__ = [
     "AdminApiError",
@@ -119,14 +121,6 @@ class PullError(CdnError):
     """A pulled model did not check out against its signed manifest or the request."""
 
 
-class StoreError(CdnError):
-    """Blob storage failed."""
-
-
-class BlobNotFoundError(StoreError):
-    """No blob with that digest."""
-
-
 class RegistryError(CdnError):
     """The registry database failed or refused."""
 
@@ -152,7 +146,8 @@ class LeaseLostError(RegistryError):
 
 
 class InvalidNameError(CdnError, ValueError):
-    """A model name or digest that is not allowed."""
+    """A model name, device id or version that is not allowed (a bad digest: shared's
+    ``InvalidStoreKeyError``)."""
 
 
 class DocumentRejectedError(CdnError, ValueError):

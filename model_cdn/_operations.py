@@ -9,14 +9,17 @@
                    wait=True) -> AssignResult
 
 ``add_version`` publishes a version: it verifies the signed manifest (against
-``trusted_keys`` when given; its structure only otherwise: devices verify
-again, this only stops mistakes early), refuses one for another model than
+``trusted_keys`` when given: a list of keys, any one of which may sign, or a
+``TrustedRoot``, whose publisher role must sign, as devices check; its
+structure only otherwise: devices verify again, this only stops mistakes
+early), refuses one for another model than
 ``name`` or already expired, stores the given ``blobs`` (digest -> bytes,
 each checked against its digest and named by the manifest), checks that
 every blob the manifest names (the model and its deltas) is in the store,
 and registers it (the registry refuses a version not above the latest).
 
-``assign_version`` verifies a signed assignment the same way, checks that it
+``assign_version`` verifies a signed assignment the same way (a root's
+assigner role), checks that it
 is for ``device`` and ``model``, not expired, and names a version the
 registry has, then stores and publishes it through ``publisher`` (an
 ``AssignmentPublisher``; None: stored only, devices poll).
@@ -38,15 +41,17 @@ from typing import TYPE_CHECKING, Any
 
 from shared import (
     CdnPaths,
+    InvalidStoreKeyError,
     ManifestError,
     ModelManifest,
     PublicKey,
+    TrustedRoot,
     verify_assignment,
     verify_manifest,
 )
 from shared import digest as compute_digest
 
-from ._errors import DocumentRejectedError, ModelNotFoundError
+from ._errors import DocumentRejectedError, InvalidNameError, ModelNotFoundError
 from .registry import Registry, VersionRecord
 from .registry._rows import assignment_fields, check_name, check_version, manifest_fields
 from .store import BlobStore, check_digest
@@ -78,7 +83,7 @@ def add_version(
     store: BlobStore,
     signed_manifest: Mapping[str, Any],
     *,
-    trusted_keys: Sequence[PublicKey] | None,
+    trusted_keys: Sequence[PublicKey] | TrustedRoot | None,
     blobs: Mapping[str, bytes] | None = None,
     name: str | None = None,
 ) -> VersionRecord:
@@ -114,7 +119,7 @@ def assign_version(
     model: str,
     signed_assignment: Mapping[str, Any],
     *,
-    trusted_keys: Sequence[PublicKey] | None,
+    trusted_keys: Sequence[PublicKey] | TrustedRoot | None,
     wait: bool = True,
 ) -> AssignResult:
     """Store and publish a signed assignment of ``model`` to ``device`` (module docstring).
@@ -124,7 +129,9 @@ def assign_version(
     check_name(device, "device id")
     check_name(model, "model name")
     doc = _document(signed_assignment, "assignment")
-    if trusted_keys:
+    if isinstance(trusted_keys, TrustedRoot):
+        assignment = trusted_keys.verify_assignment(doc)  # a threshold of the assigner role
+    elif trusted_keys:
         assignment = verify_assignment(doc, list(trusted_keys))
     else:
         assignment = assignment_fields(device, model, doc)
@@ -152,7 +159,11 @@ def _document(document: object, what: str) -> dict[str, Any]:
     return dict(document)
 
 
-def _manifest(doc: dict[str, Any], trusted_keys: Sequence[PublicKey] | None) -> ModelManifest:
+def _manifest(
+    doc: dict[str, Any], trusted_keys: Sequence[PublicKey] | TrustedRoot | None
+) -> ModelManifest:
+    if isinstance(trusted_keys, TrustedRoot):
+        return trusted_keys.verify_manifest(doc)  # a threshold of the publisher role
     if trusted_keys:
         return verify_manifest(doc, list(trusted_keys))
     return manifest_fields(doc)
@@ -161,7 +172,10 @@ def _manifest(doc: dict[str, Any], trusted_keys: Sequence[PublicKey] | None) -> 
 def _store_blobs(store: BlobStore, blobs: Mapping[str, bytes], needed: list[str]) -> None:
     """Check every given blob against its digest and the manifest, then store them."""
     for name, data in blobs.items():
-        check_digest(name)
+        try:
+            check_digest(name)
+        except InvalidStoreKeyError as e:  # the operations' contract: a bad name, any kind
+            raise InvalidNameError(str(e)) from e
         if not isinstance(data, bytes):
             raise DocumentRejectedError(f"blob {name} is given as {type(data).__name__}, not bytes")
         if name not in needed:

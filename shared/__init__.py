@@ -1,7 +1,11 @@
 """Tandem's wire protocol: topics, the binary envelope, the tensor codec, limits, errors.
 
-Pure and small: numpy and the standard library (zstandard on demand,
-paho-mqtt only inside the MQTT helpers).
+Also what two packages must agree on besides the wire: the blob stores
+(``shared.store``), the edge's answer summary that offloaded requests carry
+(``EdgeAnswer``) and the shard format of collected examples (``write_shard``,
+``load_examples``). Pure and small: numpy and the standard library
+(zstandard on demand, paho-mqtt only inside the MQTT helpers, boto3 only for
+an ``s3://`` store).
 """
 
 from ._apikeys import (
@@ -16,6 +20,7 @@ from ._apikeys import (
 )
 from ._blobs import apply_delta, compress_blob, decompress_blob, digest, make_delta
 from ._cdn_paths import DIGEST_PATTERN, CdnPaths
+from ._edge_answer import EDGE_ANSWER_KEY, MAX_EDGE_LABELS, EdgeAnswer, top_classes
 from ._envelope import (
     FORMAT_MAJOR,
     FORMAT_MINOR,
@@ -29,22 +34,27 @@ from ._envelope import (
 )
 from ._errors import (
     ApiKeyError,
+    BlobNotFoundError,
     ConfigError,
     ErrorCode,
+    ExampleShardError,
     ExpiredError,
     FrameError,
     InvalidApiKeyError,
+    InvalidStoreKeyError,
     LimitExceededError,
     ManifestError,
     ProtocolError,
     RateLimitedError,
     ScopeError,
     SignatureError,
+    StoreError,
     TandemError,
     TensorError,
     UnsupportedMediaTypeError,
     UnsupportedVersionError,
 )
+from ._example_rows import REASONS, ExampleRows, input_digests
 from ._fleet_report import DeviceReport
 from ._http_guards import (
     BINARY_MEDIA_TYPE,
@@ -81,6 +91,16 @@ from ._mqtt import (
 from ._mqtt_session import InboundMessage, MqttSession, PahoSession, PublishHandle
 from ._ratelimit import LocalRateLimiter, RateLimiter, RedisRateLimiter, rate_limiter
 from ._root import MAX_ROOT_ROTATIONS, ROLES, RoleKeys, RootMetadata, TrustedRoot, sign_root
+from ._shard_manifest import SHARD_FORMAT, ShardManifest
+from ._shards import (
+    EXAMPLES_AREA,
+    list_shards,
+    load_examples,
+    read_manifest,
+    read_shard,
+    shard_prefix,
+    write_shard,
+)
 from ._signing import PublicKey, SigningKey, canonical_json, sign_document, verify_signed
 from ._status import UpdateState, UpdateStatus
 from ._tensor_spec import TensorSpec
@@ -101,33 +121,43 @@ __all__ = [
     "BINARY_MEDIA_TYPE",
     "DATATYPES",
     "DIGEST_PATTERN",
+    "EDGE_ANSWER_KEY",
+    "EXAMPLES_AREA",
     "FORMAT_MAJOR",
     "FORMAT_MINOR",
     "JSON_MEDIA_TYPE",
     "MAGIC",
     "MAX_BLOB_BYTES",
     "MAX_DOCUMENT_BYTES",
+    "MAX_EDGE_LABELS",
     "MAX_ROOT_ROTATIONS",
     "NAME_PATTERN",
     "ONNX_DATATYPES",
+    "REASONS",
     "ROLES",
+    "SHARD_FORMAT",
     "SPEC_VERSION",
     "ApiKey",
     "ApiKeyError",
     "ApiKeyFile",
     "ApiKeyGuard",
     "Assignment",
+    "BlobNotFoundError",
     "BlobRef",
     "CdnPaths",
     "ConfigError",
     "DeltaRef",
     "DeviceReport",
+    "EdgeAnswer",
     "ErrorCode",
+    "ExampleRows",
+    "ExampleShardError",
     "ExpiredError",
     "FrameError",
     "HttpTimeouts",
     "InboundMessage",
     "InvalidApiKeyError",
+    "InvalidStoreKeyError",
     "LimitExceededError",
     "Limits",
     "LocalRateLimiter",
@@ -148,8 +178,10 @@ __all__ = [
     "RoleKeys",
     "RootMetadata",
     "ScopeError",
+    "ShardManifest",
     "SignatureError",
     "SigningKey",
+    "StoreError",
     "TandemError",
     "TensorError",
     "TensorRecord",
@@ -183,6 +215,9 @@ __all__ = [
     "encode_tensors",
     "format_time",
     "generate_api_key",
+    "input_digests",
+    "list_shards",
+    "load_examples",
     "looks_like_api_key",
     "make_delta",
     "new_request_id",
@@ -192,13 +227,18 @@ __all__ = [
     "publish_properties",
     "quiet_loggers",
     "rate_limiter",
+    "read_manifest",
+    "read_shard",
     "resolve_protocol",
     "shape_compatible",
+    "shard_prefix",
     "sign_document",
     "sign_root",
+    "top_classes",
     "uvicorn_options",
     "validate_name",
     "verify_assignment",
     "verify_manifest",
     "verify_signed",
+    "write_shard",
 ]

@@ -15,6 +15,14 @@ Exception tree::
     │   └── UnsupportedMediaTypeError  an HTTP body's Content-Type or Content-Encoding
     │                                a route does not take (415)
     ├── ConfigError (ValueError)     a setting that cannot work (bad URL, bad option)
+    ├── StoreError                   a blob or object store failed (disk, S3) [CDN: 503]
+    │   ├── BlobNotFoundError        no blob with that digest, no object under that key
+    │   └── InvalidStoreKeyError (ValueError)
+    │                                a digest or key the store refuses: path traversal,
+    │                                a malformed digest, a reserved name [CDN: 400]
+    ├── ExampleShardError (ValueError)
+    │                                a shard of collected examples that is malformed,
+    │                                damaged, too large or of an unknown format
     └── ApiKeyError                  an HTTP request's API key refused
         ├── InvalidApiKeyError       malformed, unknown, wrong secret or revoked  -> 401
         ├── ScopeError               the key lacks every scope the route accepts  -> 403
@@ -36,17 +44,21 @@ import math
 
 __all__ = [
     "ApiKeyError",
+    "BlobNotFoundError",
     "ConfigError",
     "ErrorCode",
+    "ExampleShardError",
     "ExpiredError",
     "FrameError",
     "InvalidApiKeyError",
+    "InvalidStoreKeyError",
     "LimitExceededError",
     "ManifestError",
     "ProtocolError",
     "RateLimitedError",
     "ScopeError",
     "SignatureError",
+    "StoreError",
     "TandemError",
     "TensorError",
     "UnsupportedMediaTypeError",
@@ -97,6 +109,22 @@ class UnsupportedMediaTypeError(ProtocolError):
 
 class ConfigError(TandemError, ValueError):
     """A setting that cannot work, such as a malformed broker URL."""
+
+
+class StoreError(TandemError):
+    """A blob or object store failed: disk, S3, network (the CDN answers 503)."""
+
+
+class BlobNotFoundError(StoreError):
+    """No blob with that digest, or no object under that key (the CDN answers 404)."""
+
+
+class InvalidStoreKeyError(StoreError, ValueError):
+    """A digest or object key the store refuses before touching storage (the CDN answers 400)."""
+
+
+class ExampleShardError(TandemError, ValueError):
+    """A shard of collected examples that is malformed, damaged, too large or of a newer format."""
 
 
 class ApiKeyError(TandemError):

@@ -41,6 +41,7 @@ from shared import (
     MqttSettings,
     PublicKey,
     SigningKey,
+    StoreError,
     Topics,
     UpdateState,
     canonical_json,
@@ -220,7 +221,7 @@ def _publish(
             calibration=splits.calibration_images,
             validation=(splits.test_images, splits.test_labels),
         )
-    except CdnError as e:  # ValidationError, QuantizationError, PublishError, ...
+    except (CdnError, StoreError) as e:  # ValidationError, QuantizationError, PublishError, ...
         raise DeliveryError(f"publishing {EDGE_MODEL} failed: {e}") from e
 
 

@@ -46,13 +46,22 @@ def demo(
         Path | None,
         typer.Option(help="Model cache (default $TANDEM_CACHE or ~/.cache/tandem)."),
     ] = None,
+    drift: Annotated[
+        bool,
+        typer.Option(
+            "--drift",
+            help="Instead: the inputs drift and one learning loop runs unattended (collect "
+            "hard examples, refine, publish, roll out); writes OUTPUT/learning_loop.png.",
+        ),
+    ] = False,
 ) -> None:
     """Train (or load) an edge model and a cloud model on real MNIST digits, start a broker,
     a model CDN, a hub and a fleet of edge agents on this machine, deliver the INT8 edge
     model to every agent through the CDN (published, signed, installed), stream the test
     digits through them as edge-only, cloud-only and collaborative, and compare.
 
-    Writes OUTPUT/accuracy_vs_offload.png and OUTPUT/report.json.
+    Writes OUTPUT/accuracy_vs_offload.png and OUTPUT/report.json. With --drift,
+    the fleet's digits shift and one learning loop runs instead (OUTPUT/learning_loop.png).
     """
     from rich.console import Console
 
@@ -65,6 +74,9 @@ def demo(
         raise typer.BadParameter(f"use one of {', '.join(SCORES)}", param_hint="--score")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console()
+    if drift:
+        _drift(devices, budget, score, broker, cache_dir, output, console)
+        return
     config = DemoConfig(
         devices=devices,
         budget=budget,
@@ -82,6 +94,29 @@ def demo(
     files = write_demo_outputs(report, output)
     _render(report, console)
     console.print(f"plot: {files.plot}   report: {files.report}   took {report.elapsed_s:.1f} s")
+
+
+def _drift(
+    devices: int,
+    budget: float,
+    score: str,
+    broker: str | None,
+    cache_dir: Path | None,
+    output: Path,
+    console: Console,
+) -> None:
+    from ._drift import DriftConfig
+    from ._drift_cli import run_drift
+    from .demo import DemoError
+
+    try:
+        config = DriftConfig(
+            devices=devices, budget=budget, score=score, broker_url=broker, cache_dir=cache_dir
+        )
+        run_drift(config, output, console)
+    except (DemoError, ValueError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from e
 
 
 def _run_with_progress(config: DemoConfig, console: Console) -> DemoReport:

@@ -241,3 +241,30 @@ def test_the_checker_answers_as_check_inputs_does(shape: list[int], dtype: type,
         except Exception as e:
             got = (type(e), str(e))
         assert got == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(st.integers(1, 4), min_size=1, max_size=30),
+    widths=st.lists(st.sampled_from([16, 3]), min_size=30, max_size=30),
+    batch=st.integers(4, 9),
+)
+def test_requests_leave_in_arrival_order_among_those_that_share_a_batch(
+    rows: list[int], widths: list[int], batch: int
+) -> None:
+    """The invariant the module states first: within a key, batches keep arrival order."""
+    q = make_queue(batch=batch, delay_s=0.5, size=100)
+    arrived = [
+        pending(n, at=i * 0.01, width=w) for i, (n, w) in enumerate(zip(rows, widths, strict=False))
+    ]
+    for r in arrived:
+        q.push(r)
+    left: list[PendingRequest] = []
+    while len(q):
+        taken = q.take(100.0, flush=True).batch
+        assert taken and sum(r.rows for r in taken) <= batch
+        left += taken
+    for width in (16, 3):
+        assert [r for r in left if r.key == ((width,),)] == [
+            r for r in arrived if r.key == ((width,),)
+        ]

@@ -33,6 +33,7 @@ from shared import (
     SignatureError,
     SigningKey,
     TrustedRoot,
+    digest,
     format_time,
     sign_root,
 )
@@ -252,3 +253,46 @@ def test_a_forged_root_on_the_cdn_is_refused_by_the_device(keyfiles: Path, cdn_u
     assert not (keyfiles / "dev" / "roots" / "2.root.json").exists()
     with pytest.raises(SignatureError):
         keeper.root.verify_manifest(make_manifest_doc(P2, "mnist", 1))
+
+
+# -- the CDN checks uploads against the roles ------------------------------------------------
+
+
+def test_the_cdn_takes_manifests_from_the_publisher_role_and_assignments_from_the_assigner(
+    tmp_path: Path,
+) -> None:
+    """With a root in --trust-dir, the online (assigner) key alone cannot upload a model."""
+    repo = TrustRepository(tmp_path / "trust")
+    repo.add(sign_root(root(1), R1, R2))
+    registry = SqliteRegistry(tmp_path / "registry.db")
+    app = create_app(
+        registry=registry,
+        store=LocalBlobStore(tmp_path / "blobs"),
+        admin_token="adm",
+        trusted_keys=[A1.public_key, P2.public_key],  # the root, not this list, decides
+        trust_dir=tmp_path / "trust",
+    )
+    auth = {"Authorization": "Bearer adm"}
+    blob = b"model bytes"
+    try:
+        with serve_in_thread(app) as url, httpx.Client(base_url=url, headers=auth) as c:
+            assert c.put(f"/v1/blobs/{digest(blob)}", content=blob).status_code in (200, 201)
+            for signer in (A1, P2):  # assigner; a publisher key the root does not name
+                forged = c.post(
+                    "/v1/models/mnist/versions", json=make_manifest_doc(signer, "mnist", 1)
+                )
+                assert forged.status_code == 400 and "sign" in forged.json()["error"], forged.text
+            ok = c.post("/v1/models/mnist/versions", json=make_manifest_doc(P1, "mnist", 1))
+            assert ok.status_code == 201, ok.text
+            path = "/v1/devices/cam-1/assignments/mnist"
+            by_publisher = c.put(path, json=make_assignment_doc(P1, "cam-1", "mnist", 1))
+            assert by_publisher.status_code == 400, by_publisher.text
+            assert c.put(path, json=make_assignment_doc(A1, "cam-1", "mnist", 1)).status_code == 200
+            # a rotation to publisher P2 is taken without a restart
+            repo.add(sign_root(root(2, publishers=(P2,)), R1, R2))
+            old = c.post("/v1/models/mnist/versions", json=make_manifest_doc(P1, "mnist", 2))
+            assert old.status_code == 400, old.text
+            new = c.post("/v1/models/mnist/versions", json=make_manifest_doc(P2, "mnist", 2))
+            assert new.status_code == 201, new.text
+    finally:
+        registry.close()

@@ -21,6 +21,7 @@ from shared import MAX_BLOB_BYTES, ApiKeyGuard, MqttSettings, PublicKey, Topics
 
 from .._errors import CdnError
 from .._publisher import AssignmentPublisher
+from .._upload_trust import UploadTrust
 from ..registry import Registry
 from ..store import BlobStore
 from ._assignments import add_assignment_routes
@@ -60,8 +61,9 @@ def create_app(
     is set. ``read_token`` set makes reads need it (or the admin token).
     ``api_keys`` set lets keys with scopes in, and makes reads need one
     (or a token). ``trusted_keys`` set makes uploads of manifests and
-    assignments need a signature by one of them (devices check again; this
-    only stops mistakes early). ``controller`` set turns on the rollout API;
+    assignments need a signature by one of them; a root in ``trust_dir``
+    makes them need its publisher and assigner roles instead
+    (``_upload_trust``; devices check again). ``controller`` set turns on the rollout API;
     the caller starts and stops it. An assignment PUT is published, retained,
     through ``publisher``, else the controller's publisher, else (``mqtt``
     set) a publisher of the app's own on the broker at ``mqtt``. ``trust_dir``
@@ -89,11 +91,11 @@ def create_app(
     install_error_handlers(app)
     auth = CdnAuth(admin_token=admin_token, read_token=read_token, api_keys=api_keys)
     guards = Guards.of(auth)
-    keys = list(trusted_keys) if trusted_keys else None
+    trust = UploadTrust(trusted_keys, trust_dir)
     add_health_routes(app, metrics)
-    add_model_routes(app, registry, store, metrics, keys, guards)
+    add_model_routes(app, registry, store, metrics, trust, guards)
     add_blob_routes(app, store, metrics, max_blob_bytes, guards)
-    add_assignment_routes(app, registry, publisher, keys, guards)
+    add_assignment_routes(app, registry, publisher, trust, guards)
     add_rollout_routes(app, controller, registry, guards)
     add_console_routes(app, auth, controller, registry)
     add_root_routes(app, trust_dir, guards)

@@ -15,17 +15,17 @@ broker it is stored only (``published: false``); devices poll.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from shared import CdnPaths, PublicKey
+from shared import CdnPaths
 
 from .._operations import assign_version
 from .._publisher import AssignmentPublisher
+from .._upload_trust import UploadTrust
 from ..registry import Registry
 from ..registry._rows import check_name
 from ._auth import Guards
@@ -41,9 +41,9 @@ class _AssignmentRoutes:
         self,
         registry: Registry,
         publisher: AssignmentPublisher | None,
-        trusted_keys: Sequence[PublicKey] | None,
+        trust: UploadTrust,
     ) -> None:
-        self.registry, self.publisher, self.trusted_keys = registry, publisher, trusted_keys
+        self.registry, self.publisher, self.trust = registry, publisher, trust
 
     def get_assignment(self, device: str, model: str) -> Response:
         doc = self.registry.get_assignment(
@@ -63,7 +63,7 @@ class _AssignmentRoutes:
                 device,
                 model,
                 doc,
-                trusted_keys=self.trusted_keys,
+                trusted_keys=self.trust.current(),
                 wait=True,
             )
             return result.to_dict()
@@ -75,10 +75,10 @@ def add_assignment_routes(
     app: FastAPI,
     registry: Registry,
     publisher: AssignmentPublisher | None,
-    trusted_keys: Sequence[PublicKey] | None,
+    trust: UploadTrust,
     guards: Guards,
 ) -> None:
-    routes = _AssignmentRoutes(registry, publisher, trusted_keys)
+    routes = _AssignmentRoutes(registry, publisher, trust)
     router = app.router
     path = CdnPaths.ROUTES["assignment"]
     router.add_api_route(path, routes.get_assignment, methods=["GET"], dependencies=guards.read)

@@ -25,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shared import ManifestError, TandemError, UnsupportedMediaTypeError
+from shared import InvalidStoreKeyError, ManifestError, TandemError, UnsupportedMediaTypeError
 
 from .._errors import (
     AssignmentNotPublishedError,
@@ -52,6 +52,7 @@ logger = logging.getLogger("model_cdn.http")
 # most specific first: a subclass must come before its base
 _STATUS: tuple[tuple[type[Exception], int], ...] = (
     (InvalidNameError, 400),
+    (InvalidStoreKeyError, 400),  # a malformed digest: before StoreError, its base
     (DocumentRejectedError, 400),
     (AssignmentNotPublishedError, 502),
     (AuthError, 403),

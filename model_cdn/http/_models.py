@@ -15,16 +15,16 @@ withdrawing go through ``model_cdn._operations``, the same code as the CLI's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from shared import CdnPaths, PublicKey
+from shared import CdnPaths
 
 from .._operations import add_version, delete_version
+from .._upload_trust import UploadTrust
 from ..registry import Registry
 from ..registry._rows import check_name, dump_document
 from ..store import BlobStore
@@ -52,10 +52,10 @@ class _ModelRoutes:
         registry: Registry,
         store: BlobStore,
         metrics: CdnMetrics | None,
-        trusted_keys: Sequence[PublicKey] | None,
+        trust: UploadTrust,
     ) -> None:
         self.registry, self.store, self.metrics = registry, store, metrics
-        self.trusted_keys = trusted_keys
+        self.trust = trust
 
     def list_models(self) -> dict[str, Any]:
         return {"models": self.registry.list_models()}
@@ -88,7 +88,7 @@ class _ModelRoutes:
 
         def add() -> dict[str, Any]:
             record = add_version(
-                self.registry, self.store, doc, trusted_keys=self.trusted_keys, name=name
+                self.registry, self.store, doc, trusted_keys=self.trust.current(), name=name
             )
             return {
                 "name": record.name,
@@ -110,10 +110,10 @@ def add_model_routes(
     registry: Registry,
     store: BlobStore,
     metrics: CdnMetrics | None,
-    trusted_keys: Sequence[PublicKey] | None,
+    trust: UploadTrust,
     guards: Guards,
 ) -> None:
-    routes = _ModelRoutes(registry, store, metrics, trusted_keys)
+    routes = _ModelRoutes(registry, store, metrics, trust)
     router = app.router
     read, publish = guards.read, guards.publish
     router.add_api_route(ROUTES["models"], routes.list_models, methods=["GET"], dependencies=read)

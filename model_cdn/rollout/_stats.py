@@ -210,7 +210,8 @@ def t_quantile(p: float, df: float) -> float:
 def critical_value(p: float, df: float) -> float:
     """``t_quantile`` with ``df`` rounded *down* to 1/100 (a slightly wider interval) and
     remembered: a gate asks again at every tick with nearly the same df."""
-    return _cached_quantile(p, max(1.0, math.floor(df * 100.0) / 100.0))
+    # (+1e-6: a df of 15.999999999999998 is 16 computed another way, not 15.99)
+    return _cached_quantile(p, max(1.0, math.floor(df * 100.0 + 1e-6) / 100.0))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -272,8 +273,12 @@ def _proportion_z(obs: Sequence[ProportionObs], cap: float) -> list[float]:
 
 def _exclude(devices: Sequence[str], zs: Sequence[float], config: StatsConfig) -> set[int]:
     limit = _allowed_outliers(len(devices), config.max_outliers)
+    # Rounded: a rate and its mirror (k/n, 1 - k/n) give z's a few ulps apart, and a
+    # device exactly at the limit must be judged the same whichever way a metric points.
+    rounded = [round(z, 9) for z in zs]
     suspects = sorted(
-        (i for i, z in enumerate(zs) if z > config.outlier_z), key=lambda i: (-zs[i], devices[i])
+        (i for i, z in enumerate(rounded) if z > config.outlier_z),
+        key=lambda i: (-rounded[i], devices[i]),
     )
     return set(suspects[:limit])
 

@@ -1,14 +1,12 @@
-"""Content-addressed, immutable blob storage for model files and deltas.
+"""Deprecated home of the blob stores: they live in ``shared.store`` now.
 
-``BlobStore`` is the small interface (put/get/open/exists/size/delete, names
-are ``sha256:<hex>`` digests the store computes itself); ``LocalBlobStore``
-keeps blobs as files a web server can send directly, ``S3BlobStore`` keeps
-them in any S3-compatible bucket; ``open_store`` picks one from a URL.
+The hub writes collected examples through the same stores the CDN keeps
+models in, and the hub may not import ``model_cdn``, so the abstraction moved
+to ``shared``. These names are the very same objects, kept so that existing
+imports (``from model_cdn.store import LocalBlobStore``) keep working; new
+code imports ``shared.store``.
 """
 
-from ._base import BlobStore, check_digest
-from ._local import LocalBlobStore
-from ._s3 import S3BlobStore
-from ._url import open_store
+from shared.store import BlobStore, LocalBlobStore, S3BlobStore, check_digest, open_store
 
 __all__ = ["BlobStore", "LocalBlobStore", "S3BlobStore", "check_digest", "open_store"]

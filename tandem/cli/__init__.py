@@ -6,7 +6,8 @@ them); ``tandem hub`` imports the hub only when it runs, so a device with
 
 One module per command group, each a thin shell (parse options, call a
 library function, print): ``hub``, ``keys``, ``models``, ``cdn``, ``fleet``
-and ``rollout``; ``_common`` holds the options and one-line errors they
+and ``rollout`` (``models refine`` lives in ``refine``, mounted into the
+``models`` group by ``SUBCOMMANDS``); ``_common`` holds the options and one-line errors they
 share, ``_admin`` what the commands that talk to the CDN's admin API share,
 and the ``_*_view`` modules how results look in a terminal. ``python -m
 tandem.cli`` runs the same command.
@@ -64,6 +65,19 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+# group -> {name: (module, attribute, one-line help)}: commands that appear in a group but
+# live in a module of their own, mounted when the group is resolved.
+SUBCOMMANDS: dict[str, dict[str, tuple[str, str, str]]] = {
+    "models": {
+        "refine": (
+            "tandem.cli.refine",
+            "refine",
+            "Fine-tune an edge model on what its fleet offloaded; publish it if better.",
+        ),
+    },
+}
+
+
 class LazyGroup(TyperGroup):
     """Resolves a subcommand by importing its module only when it is invoked."""
 
@@ -93,6 +107,10 @@ class LazyGroup(TyperGroup):
             target = single
         command = typer.main.get_command(target)
         command.name = cmd_name
+        for sub_name, (sub_module, sub_attr, _) in SUBCOMMANDS.get(cmd_name, {}).items():
+            single = typer.Typer(add_completion=False)
+            single.command(name=sub_name)(getattr(importlib.import_module(sub_module), sub_attr))
+            command.add_command(typer.main.get_command(single), sub_name)  # type: ignore[attr-defined]
         return command
 
     def format_help(self, ctx: Any, formatter: Any) -> None:

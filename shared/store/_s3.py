@@ -2,8 +2,8 @@
 
 Keys are ``<prefix>sha256/<64 hex digits>``, so the bucket can sit behind a
 real CDN (CloudFront, a caching proxy) and serve the same paths that the
-local layout has. S3 writes are atomic per object, so nobody sees half a
-blob.
+local layout has; objects are ``<prefix><key>``. S3 writes are atomic per
+object, so nobody sees half a blob or half an object.
 
 ``open`` returns a reader that fetches only what is read, with ranged GETs
 (``Range: bytes=a-b``) through a read buffer: serving a resumed download or
@@ -20,12 +20,13 @@ import io
 from typing import Any, BinaryIO, cast
 
 from .._errors import BlobNotFoundError, StoreError
-from ._base import BlobStore
+from ._base import BLOB_AREA, BlobStore, StoredObject
 
 __all__ = ["S3BlobStore"]
 
 _READ_BUFFER = 1024 * 1024  # bytes per ranged GET when a caller reads in small pieces
 _MISSING = frozenset({"404", "NoSuchKey", "NotFound"})
+_LIST_PAGE = 1000  # keys per ListObjectsV2 page (S3's maximum)
 
 
 class S3BlobStore(BlobStore):
@@ -55,7 +56,7 @@ class S3BlobStore(BlobStore):
             try:
                 import boto3
             except ImportError as e:  # pragma: no cover - depends on the install
-                raise StoreError("the S3 blob store needs boto3: pip install 'tandem[cdn]'") from e
+                raise StoreError("an s3:// store needs boto3: pip install boto3") from e
             client = boto3.client("s3", endpoint_url=endpoint_url, region_name=region)
         self.client = client
 
@@ -68,19 +69,20 @@ class S3BlobStore(BlobStore):
 
     def _call(self, operation: str, digest: str, **kwargs: Any) -> Any:
         """Call ``client.<operation>`` for one blob, converting botocore's errors."""
+        return self._call_key(operation, self.key(digest), f"blob {digest}", **kwargs)
+
+    def _call_key(self, operation: str, key: str, what: str, **kwargs: Any) -> Any:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
-            return getattr(self.client, operation)(
-                Bucket=self.bucket, Key=self.key(digest), **kwargs
-            )
+            return getattr(self.client, operation)(Bucket=self.bucket, Key=key, **kwargs)
         except ClientError as e:
             code = str(e.response.get("Error", {}).get("Code", ""))
             if code in _MISSING:
-                raise BlobNotFoundError(f"no blob {digest} in s3://{self.bucket}") from e
-            raise StoreError(f"S3 {operation} of {digest} in {self.bucket} failed: {code}") from e
+                raise BlobNotFoundError(f"no {what} in s3://{self.bucket}") from e
+            raise StoreError(f"S3 {operation} of {what} in {self.bucket} failed: {code}") from e
         except BotoCoreError as e:
-            raise StoreError(f"S3 {operation} of {digest} in {self.bucket} failed: {e}") from e
+            raise StoreError(f"S3 {operation} of {what} in {self.bucket} failed: {e}") from e
 
     def _put(self, digest: str, data: bytes) -> None:
         self._call(
@@ -115,19 +117,68 @@ class S3BlobStore(BlobStore):
         """S3 deletes are idempotent; so is this (an absent blob is a no-op)."""
         self._call("delete_object", digest)
 
+    # -- objects ---------------------------------------------------------------------------
+
+    def _put_object(self, key: str, data: bytes) -> None:
+        self._call_key(
+            "put_object",
+            self.prefix + key,
+            f"object {key}",
+            Body=data,
+            ContentType="application/octet-stream",
+            CacheControl="no-store",  # objects change: never cached on the way
+        )
+
+    def _get_object(self, key: str) -> bytes:
+        response = self._call_key("get_object", self.prefix + key, f"object {key}")
+        return _read_body(response, key)
+
+    def _list_objects(self, prefix: str) -> list[StoredObject]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        blobs = self.prefix + BLOB_AREA + "/"
+        found: list[StoredObject] = []
+        try:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket,
+                Prefix=self.prefix + prefix,
+                PaginationConfig={"PageSize": _LIST_PAGE},
+            )
+            for page in pages:
+                for item in page.get("Contents", ()):
+                    full = str(item["Key"])
+                    if full.startswith(blobs):
+                        continue
+                    found.append(
+                        StoredObject(
+                            full[len(self.prefix) :],
+                            int(item["Size"]),
+                            item["LastModified"].timestamp(),
+                        )
+                    )
+        except ClientError as e:
+            code = str(e.response.get("Error", {}).get("Code", ""))
+            raise StoreError(f"S3 listing of {prefix!r} in {self.bucket} failed: {code}") from e
+        except BotoCoreError as e:
+            raise StoreError(f"S3 listing of {prefix!r} in {self.bucket} failed: {e}") from e
+        return found
+
+    def _delete_object(self, key: str) -> None:
+        self._call_key("delete_object", self.prefix + key, f"object {key}")
+
     def _get_range(self, digest: str, start: int, end: int) -> bytes:
         """Bytes ``start`` to ``end`` inclusive, one GET."""
         response = self._call("get_object", digest, Range=f"bytes={start}-{end}")
         return _read_body(response, digest)
 
 
-def _read_body(response: dict[str, Any], digest: str) -> bytes:
+def _read_body(response: dict[str, Any], name: str) -> bytes:
     from botocore.exceptions import BotoCoreError
 
     try:
         return bytes(response["Body"].read())
     except (BotoCoreError, OSError) as e:
-        raise StoreError(f"reading blob {digest} from S3 failed: {e}") from e
+        raise StoreError(f"reading {name} from S3 failed: {e}") from e
     finally:
         response["Body"].close()
 

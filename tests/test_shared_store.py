@@ -1,4 +1,4 @@
-"""Blob stores: the same behaviour on a local disk and on a real S3-compatible server.
+"""Blob stores (``shared.store``): the same behaviour on a local disk and on a real S3 server.
 
 The S3 cases talk HTTP to moto's standalone server on loopback (no in-process
 mocking), the way the CDN talks to MinIO or AWS.
@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 
-from model_cdn._errors import BlobNotFoundError, InvalidNameError, StoreError
-from model_cdn.store import BlobStore, LocalBlobStore, S3BlobStore, check_digest, open_store
-from shared import digest
+import model_cdn
+import model_cdn.store
+import shared.store
+from shared import BlobNotFoundError, InvalidStoreKeyError, StoreError, digest
+from shared.store import BlobStore, LocalBlobStore, S3BlobStore, check_digest, open_store
 
 _CREDENTIALS = {
     "aws_access_key_id": "testing",
@@ -139,14 +141,14 @@ TRAVERSAL_NAMES = [
 @pytest.mark.parametrize("name", TRAVERSAL_NAMES)
 def test_path_traversal_names_are_rejected(store: BlobStore, name: str) -> None:
     for method in (store.get, store.open, store.exists, store.size, store.delete, store.local_path):
-        with pytest.raises(InvalidNameError):
+        with pytest.raises(InvalidStoreKeyError):
             method(name)
 
 
 def test_check_digest_accepts_only_lowercase_sha256() -> None:
     good = digest(b"x")
     assert check_digest(good) == good
-    with pytest.raises(ValueError):  # InvalidNameError is a ValueError too
+    with pytest.raises(ValueError):  # InvalidStoreKeyError is a ValueError too
         check_digest(good.upper())
 
 
@@ -299,3 +301,85 @@ def test_open_store_builds_an_s3_store_that_works(
 def test_open_store_refuses_what_it_cannot_serve(url: str) -> None:
     with pytest.raises(StoreError):
         open_store(url)
+
+
+# --------------------------------------------------------------------------- objects
+
+
+def test_objects_are_written_read_replaced_listed_and_deleted(store: BlobStore) -> None:
+    store.put_object("examples/mnist/b.json", b"{}")
+    store.put_object("examples/mnist/a.npz", b"first")
+    store.put_object("examples/mnist/a.npz", b"second")  # replaced whole
+    store.put_object("examples/other/c.npz", b"x" * 10)
+    store.put(b"a blob is no object")
+    assert store.get_object("examples/mnist/a.npz") == b"second"
+    listed = store.list_objects("examples/mnist/")
+    assert [(o.key, o.size) for o in listed] == [
+        ("examples/mnist/a.npz", 6),
+        ("examples/mnist/b.json", 2),
+    ]
+    assert all(o.modified > 0 for o in listed)
+    everything = [o.key for o in store.list_objects()]
+    assert everything == ["examples/mnist/a.npz", "examples/mnist/b.json", "examples/other/c.npz"]
+    assert [o.key for o in store.list_objects("examples/mn")] == [
+        "examples/mnist/a.npz",
+        "examples/mnist/b.json",
+    ]
+    store.delete_object("examples/mnist/a.npz")
+    store.delete_object("examples/mnist/a.npz")  # absent: a no-op
+    with pytest.raises(BlobNotFoundError):
+        store.get_object("examples/mnist/a.npz")
+    assert [o.key for o in store.list_objects("examples/")] == [
+        "examples/mnist/b.json",
+        "examples/other/c.npz",
+    ]
+    assert store.list_objects("nothing/here/") == []
+
+
+BAD_KEYS = [
+    "",
+    "../x",
+    "a/../b",
+    "/abs",
+    "a//b",
+    "a/",
+    ".hidden",
+    "a/.tmp-123",
+    "sha256/" + "0" * 64,  # the blobs' area
+    "with space",
+    "new\nline",
+    "a\\b",
+    "x" * 600,
+]
+
+
+@pytest.mark.parametrize("key", BAD_KEYS)
+def test_object_keys_that_could_leave_the_root_are_refused(store: BlobStore, key: str) -> None:
+    for call in (store.get_object, store.delete_object, lambda k: store.put_object(k, b"x")):
+        with pytest.raises(InvalidStoreKeyError):
+            call(key)
+
+
+def test_local_objects_are_private_files_and_temporaries_never_listed(tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path)
+    store.put_object("examples/m/s.npz", b"private")
+    path = tmp_path / "examples" / "m" / "s.npz"
+    assert path.read_bytes() == b"private"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    (tmp_path / "examples" / "m" / ".tmp-half").write_bytes(b"half")
+    assert [o.key for o in store.list_objects()] == ["examples/m/s.npz"]
+
+
+def test_a_store_without_objects_says_so(tmp_path: Path) -> None:
+    class BlobsOnly(LocalBlobStore):
+        _put_object = BlobStore._put_object  # as a backend written before objects existed
+
+    with pytest.raises(StoreError, match="blobs only"):
+        BlobsOnly(tmp_path).put_object("k", b"x")
+
+
+def test_model_cdn_store_names_are_the_shared_ones() -> None:
+    for name in model_cdn.store.__all__:
+        assert getattr(model_cdn.store, name) is getattr(shared.store, name)
+    assert model_cdn.StoreError is StoreError
+    assert model_cdn.BlobNotFoundError is BlobNotFoundError
