@@ -9,9 +9,9 @@ Exception tree::
         │                                    model) an input the hub refused
         ├── ModelLoadError                   model file missing, corrupt, or no runtime for it
         │   ├── RuntimeUnavailableError      the runtime package is not installed
-        │   └── RouterLoadError (ValueError) a learned router's JSON that is not one: not
-        │                                    JSON, unknown format, sizes that do not match,
-        │                                    weights that are not finite numbers
+        │   └── RouterLoadError (ValueError) a learned router's document that is not one:
+        │                                    unreadable, unknown format, sizes that do not
+        │                                    match, weights that are not finite numbers
         ├── InferenceError                   the local runtime failed on valid input
         ├── UplinkError                      the MQTT path to the hub failed (caught
         │                                    inside the agent, which falls back)
