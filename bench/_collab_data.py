@@ -18,7 +18,10 @@ model itself, once per split:
 
 The scikit-learn sets are small, so each is split five (digits) or ten
 (breast cancer) times, stratified, 50% train / 20% calibration / 30% test,
-and every figure pools the test rows of all splits. The pairs were fixed
+and every figure pools the test rows of all splits. Each split also carries
+out-of-fold outputs on its training rows (``_collab_folds``), more rows for
+the learned router, and, for the image streams, the input pixels (flat),
+which the router's input features read. The pairs were fixed
 before any router was run on them, by one rule: the edge a small model of
 the kind a device runs, the cloud a clearly stronger one; nothing here is
 tuned for a router.
@@ -26,12 +29,15 @@ tuned for a router.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+
+from ._collab_folds import RouterRows, mnist_out_of_fold, sklearn_out_of_fold
 
 __all__ = ["Dataset", "Trial", "load_datasets"]
 
@@ -50,6 +56,9 @@ class Trial:
     edge_test: np.ndarray  # [n_test, classes], in stream order
     cloud_test: np.ndarray
     labels_test: np.ndarray
+    folds: RouterRows | None = None  # out-of-fold rows of the training part
+    inputs_cal: np.ndarray | None = None  # [n_cal, features] flat, image streams only
+    inputs_test: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,6 +112,7 @@ def _mnist() -> tuple[Dataset, Dataset]:
     edge, cloud = models.edge_int8_onnx, models.cloud_onnx
     cal = splits.calibration_images
     edge_cal, cloud_cal = run(edge, cal), run(cloud, cal)
+    folds = mnist_out_of_fold(splits, run(cloud, splits.train_images))
     upright = Trial(
         edge_cal,
         cloud_cal,
@@ -110,6 +120,9 @@ def _mnist() -> tuple[Dataset, Dataset]:
         run(edge, splits.test_images),
         run(cloud, splits.test_images),
         splits.test_labels,
+        folds,
+        _flat(cal),
+        _flat(splits.test_images),
     )
     turned = _rotate(splits.test_images, seed=1)
     shifted = Trial(
@@ -119,6 +132,9 @@ def _mnist() -> tuple[Dataset, Dataset]:
         run(edge, turned),
         run(cloud, turned),
         splits.test_labels,
+        folds,
+        _flat(cal),
+        _flat(turned),
     )
     edge_text = "INT8 CNN, 4.4k parameters (the demo's)"
     cloud_text = "float CNN, 207k parameters (the demo's)"
@@ -166,6 +182,7 @@ def _digits() -> Dataset:
             edge=lambda: LogisticRegression(C=0.05, max_iter=5000),
             cloud=lambda: SVC(C=10.0),
             edge_columns=slice(None),
+            images=True,
         )
     )
     return Dataset(
@@ -194,6 +211,7 @@ def _breast_cancer() -> Dataset:
             edge=lambda: make_pipeline(StandardScaler(), LogisticRegression(max_iter=5000)),
             cloud=lambda: make_pipeline(StandardScaler(), SVC(C=1.0)),
             edge_columns=slice(0, 10),
+            images=False,
         )
     )
     return Dataset(
@@ -214,6 +232,7 @@ def _split_trials(
     edge: Callable[[], Any],
     cloud: Callable[[], Any],
     edge_columns: slice,
+    images: bool,
 ) -> Iterator[Trial]:
     """Stratified train / calibration / test splits, models trained on each train part."""
     from sklearn.model_selection import StratifiedShuffleSplit
@@ -232,6 +251,16 @@ def _split_trials(
             edge_model = edge().fit(x[train][:, edge_columns], y[train])
             cloud_model = cloud().fit(x[train], y[train])
         classes = len(np.unique(y))
+        folds = sklearn_out_of_fold(
+            x[train],
+            y[train],
+            edge=edge,
+            cloud=cloud,
+            edge_columns=edge_columns,
+            seed=repeat,
+            one_hot=functools.partial(_one_hot, classes=classes),
+            keep_inputs=images,
+        )
         yield Trial(
             edge_model.predict_proba(x[cal][:, edge_columns]),
             _one_hot(cloud_model.predict(x[cal]), classes),
@@ -239,7 +268,14 @@ def _split_trials(
             edge_model.predict_proba(x[test][:, edge_columns]),
             _one_hot(cloud_model.predict(x[test]), classes),
             y[test],
+            folds,
+            x[cal] if images else None,
+            x[test] if images else None,
         )
+
+
+def _flat(images: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(images).reshape(len(images), -1)
 
 
 def _one_hot(answers: np.ndarray, classes: int) -> np.ndarray:

@@ -1,9 +1,10 @@
 """Part (a)'s arithmetic: what each router recovers of the edge-to-cloud gap on one dataset.
 
 Pure: it takes a dataset's model outputs (``_collab_data``) and returns
-figures, nothing else. Routers: the built-in scores, the learned router
-(``LearnedScore`` fitted on each split's calibration rows, target ``gain``,
-and ``disagree`` as a label-free variant), ``random`` and ``oracle``.
+figures, nothing else. Routers (``_collab_routers``): the built-in scores,
+the learned router and its variants (fitted on each split's calibration and
+out-of-fold rows, never its test rows), ``random`` and ``oracle``, and the
+learned recipe's ceiling (fitted on the test rows themselves).
 
 Two kinds of figure, both pooled over a dataset's splits:
 
@@ -15,6 +16,9 @@ Two kinds of figure, both pooled over a dataset's splits:
   default): what a device offloads and answers.
 
 Gap recovered = (accuracy - edge only) / (cloud only - edge only).
+``paired_points`` compares two exact routers row by row: the difference in
+points of gap and its standard error (the rows where they offload
+differently decide it; the test rows are a sample).
 """
 
 from __future__ import annotations
@@ -28,11 +32,18 @@ import numpy as np
 from edge_agent import SCORES, LearnedScore, Route, UncertainCheck, to_probabilities
 
 from ._collab_data import Dataset, Trial
+from ._collab_routers import (
+    BUILT_IN,
+    CEILING,
+    LEARNED,
+    fit_ceiling,
+    fit_router,
+    router_inputs,
+)
 
-__all__ = ["BUILT_IN", "LEARNED", "DatasetFigures", "evaluate"]
+__all__ = ["BUILT_IN", "CEILING", "DEPLOYED", "LEARNED", "DatasetFigures", "evaluate"]
 
-BUILT_IN = tuple(SCORES)
-LEARNED = ("learned", "learned (disagree)")
+DEPLOYED = (*BUILT_IN, "learned", "learned (disagree)")
 _MODES = {"frozen": False, "adapt": True}
 
 
@@ -43,9 +54,13 @@ class DatasetFigures:
     edge_accuracy: float
     cloud_accuracy: float
     counts: dict[str, int]
+    edge_right: np.ndarray  # pooled test rows
+    cloud_right: np.ndarray
     exact: dict[str, dict[str, float]] = field(default_factory=dict)
+    exact_masks: dict[str, np.ndarray] = field(default_factory=dict)  # pooled, per router
     deployed: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     curves: dict[str, np.ndarray] = field(default_factory=dict)  # one-split datasets only
+    routers: dict[str, list[LearnedScore]] = field(default_factory=dict)  # per split
 
     @property
     def gap(self) -> float:
@@ -57,6 +72,16 @@ class DatasetFigures:
     @property
     def best_built_in(self) -> str:
         return max(BUILT_IN, key=lambda s: self.exact[s]["gap_recovered"])
+
+    def paired_points(self, a: str, b: str) -> tuple[float, float]:
+        """Exact router ``a`` minus ``b`` in points of gap, and the standard error of that."""
+        gain = self.cloud_right.astype(float) - self.edge_right.astype(float)
+        per_row = (self.exact_masks[a].astype(float) - self.exact_masks[b]) * gain
+        gap_rows = self.gap * len(gain)
+        if gap_rows <= 0:
+            return math.nan, math.nan
+        spread = math.sqrt(len(gain) * float(per_row.var()))
+        return 100.0 * float(per_row.sum()) / gap_rows, 100.0 * spread / gap_rows
 
 
 def evaluate(dataset: Dataset, budget: float) -> DatasetFigures:
@@ -75,21 +100,20 @@ def evaluate(dataset: Dataset, budget: float) -> DatasetFigures:
             "both_wrong": int((~er & ~cr).sum()),
             "cloud_only_wrong": int((er & ~cr).sum()),
         },
+        er,
+        cr,
     )
-    routers = [_score_router(name, kind) for name in BUILT_IN]
-    routers += [_learned_router(kind, "gain"), _learned_router(kind, "disagree")]
-    for name, scorer, check_score in routers:
-        orders, deployed = [], {mode: [] for mode in _MODES}
-        for trial in dataset.trials:
-            scores, score_fn = scorer(trial), check_score(trial)
-            orders.append(np.argsort(-scores, kind="stable"))
-            for mode, adapt in _MODES.items():
-                deployed[mode].append(_deploy(score_fn, trial, kind, budget, adapt))
-        figures.exact[name] = _exact(figures, orders, edge_right, cloud_right)
-        figures.deployed[name] = {
-            mode: _pooled(figures, masks, edge_right, cloud_right)
-            for mode, masks in deployed.items()
-        }
+    for name in BUILT_IN:
+        fn = SCORES[name]
+        scores = [fn(to_probabilities(t.edge_test, kind)) for t in dataset.trials]
+        _record(figures, name, scores, [name] * len(dataset.trials), edge_right, cloud_right)
+    for name, spec in LEARNED.items():
+        routers = [fit_router(t, kind, spec) for t in dataset.trials]
+        figures.routers[name] = routers
+        scores = [_test_scores(r, t, kind) for r, t in zip(routers, dataset.trials, strict=True)]
+        _record(figures, name, scores, routers, edge_right, cloud_right)
+    ceiling = [fit_ceiling(t, kind) for t in dataset.trials]
+    _record(figures, CEILING, ceiling, None, edge_right, cloud_right)
     rng = np.random.default_rng(0)
     randoms = [rng.permutation(len(t.labels_test)) for t in dataset.trials]
     figures.exact["random"] = _exact(figures, randoms, edge_right, cloud_right)
@@ -99,32 +123,43 @@ def evaluate(dataset: Dataset, budget: float) -> DatasetFigures:
     ]
     figures.exact["oracle"] = _exact(figures, oracles, edge_right, cloud_right)
     if len(dataset.trials) == 1:
-        figures.curves = _curves(dataset.trials[0], kind, edge_right[0], cloud_right[0])
+        figures.curves = _curves(
+            dataset.trials[0], kind, figures.routers["learned"][0], edge_right[0], cloud_right[0]
+        )
     return figures
 
 
-# -- routers: (name, scores of a trial's test rows, the score UncertainCheck uses) -----------
+def _record(
+    figures: DatasetFigures,
+    name: str,
+    scores: list[np.ndarray],
+    check_scores: list[Any] | None,
+    edge_right: list[np.ndarray],
+    cloud_right: list[np.ndarray],
+) -> None:
+    """Exact figures from ``scores``; deployed ones where ``name`` is a deployed policy."""
+    orders = [np.argsort(-s, kind="stable") for s in scores]
+    figures.exact[name] = _exact(figures, orders, edge_right, cloud_right, name=name)
+    if check_scores is None or name not in DEPLOYED:
+        return
+    kind, budget = figures.dataset.outputs, figures.budget
+    figures.deployed[name] = {
+        mode: _pooled(
+            figures,
+            [
+                _deploy(score, trial, kind, budget, adapt)
+                for score, trial in zip(check_scores, figures.dataset.trials, strict=True)
+            ],
+            edge_right,
+            cloud_right,
+        )
+        for mode, adapt in _MODES.items()
+    }
 
 
-def _score_router(name: str, kind: Any) -> tuple[str, Any, Any]:
-    fn = SCORES[name]
-    return name, (lambda t: fn(to_probabilities(t.edge_test, kind))), (lambda t: name)
-
-
-def _learned_router(kind: Any, target: str) -> tuple[str, Any, Any]:
-    fitted: dict[int, LearnedScore] = {}
-
-    def router(trial: Trial) -> LearnedScore:
-        key = id(trial)
-        if key not in fitted:
-            labels = trial.labels_cal if target == "gain" else None
-            fitted[key] = LearnedScore.fit(
-                trial.edge_cal, trial.cloud_cal, labels, target=target, outputs=kind
-            )  # type: ignore[arg-type]
-        return fitted[key]
-
-    name = "learned" if target == "gain" else "learned (disagree)"
-    return name, (lambda t: router(t)(to_probabilities(t.edge_test, kind))), router
+def _test_scores(router: LearnedScore, trial: Trial, kind: Any) -> np.ndarray:
+    inputs = router_inputs(trial.inputs_test) if router.uses_inputs else None
+    return router.logits(to_probabilities(trial.edge_test, kind), inputs)
 
 
 # -- figures ---------------------------------------------------------------------------------
@@ -135,6 +170,8 @@ def _exact(
     orders: list[np.ndarray],
     edge_right: list[np.ndarray],
     cloud_right: list[np.ndarray],
+    *,
+    name: str | None = None,
 ) -> dict[str, float]:
     """Offload exactly the top ``budget`` share of each split by ``orders``; pooled."""
     masks, caught, errors = [], 0, 0
@@ -144,6 +181,8 @@ def _exact(
         masks.append(mask)
         caught += int((~e & mask).sum())
         errors += int((~e).sum())
+    if name is not None:
+        figures.exact_masks[name] = np.concatenate(masks)
     row = _pooled(figures, masks, edge_right, cloud_right)
     row["edge_errors_caught"] = caught / max(errors, 1)
     return row
@@ -168,21 +207,27 @@ def _pooled(
 def _deploy(score: Any, trial: Trial, kind: Any, budget: float, adapt: bool) -> np.ndarray:
     """Calibrate on the calibration rows, then decide the test rows one by one, in order."""
     check = UncertainCheck(score, budget=budget, adapt=adapt, outputs=kind)
-    check.calibrate(trial.edge_cal)
-    edge = trial.edge_test
+    reads = check.uses_inputs
+    check.calibrate(trial.edge_cal, inputs=router_inputs(trial.inputs_cal) if reads else None)
+    edge, rows = trial.edge_test, trial.inputs_test
     cloud = Route.CLOUD
-    return np.array(
-        [check.decide(check.scores(edge[i : i + 1])).route is cloud for i in range(len(edge))]
-    )
+    decided = []
+    for i in range(len(edge)):
+        inputs = {"x": rows[i : i + 1]} if reads and rows is not None else None
+        decided.append(check.decide(check.scores(edge[i : i + 1], inputs)).route is cloud)
+    return np.array(decided)
 
 
 def _curves(
-    trial: Trial, kind: Any, edge_right: np.ndarray, cloud_right: np.ndarray
+    trial: Trial,
+    kind: Any,
+    router: LearnedScore,
+    edge_right: np.ndarray,
+    cloud_right: np.ndarray,
 ) -> dict[str, np.ndarray]:
     from tandem._sweep import accuracy_curve, sweep
 
     curves = sweep(trial.edge_test, trial.cloud_test, trial.labels_test)
-    router = LearnedScore.fit(trial.edge_cal, trial.cloud_cal, trial.labels_cal, outputs=kind)
-    order = np.argsort(-router(to_probabilities(trial.edge_test, kind)), kind="stable")
+    order = np.argsort(-_test_scores(router, trial, kind), kind="stable")
     curves["learned"] = accuracy_curve(order, edge_right, cloud_right)
     return curves

@@ -8,7 +8,10 @@ Exception tree::
         │                                    empty batch, NaN/inf values; or (no local
         │                                    model) an input the hub refused
         ├── ModelLoadError                   model file missing, corrupt, or no runtime for it
-        │   └── RuntimeUnavailableError      the runtime package is not installed
+        │   ├── RuntimeUnavailableError      the runtime package is not installed
+        │   └── RouterLoadError (ValueError) a learned router's document that is not one:
+        │                                    unreadable, unknown format, sizes that do not
+        │                                    match, weights that are not finite numbers
         ├── InferenceError                   the local runtime failed on valid input
         ├── UplinkError                      the MQTT path to the hub failed (caught
         │                                    inside the agent, which falls back)
@@ -51,6 +54,7 @@ __all__ = [
     "InvalidInputError",
     "ModelLoadError",
     "NoAnswerError",
+    "RouterLoadError",
     "RuntimeUnavailableError",
     "SmokeTestError",
     "StoreError",
@@ -74,6 +78,10 @@ class ModelLoadError(EdgeError):
 
 class RuntimeUnavailableError(ModelLoadError):
     """The runtime package needed for this model is not installed."""
+
+
+class RouterLoadError(ModelLoadError, ValueError):
+    """A learned router document (JSON) that cannot be loaded; a ``ValueError`` too."""
 
 
 class InferenceError(EdgeError):

@@ -1,29 +1,36 @@
-"""A learned router: how likely offloading a request changes its answer, from the edge output.
+"""A learned router: how likely offloading a request pays, from the edge output.
 
-``LearnedScore`` is a logistic regression over a handful of features of the
-edge model's output (one minus the top probability, one minus the margin,
-normalized entropy, the log-ratio of the top two probabilities, and which
-class won, as one-hot), plus, optionally, features of the input that an
+``LearnedScore`` is a logistic regression over features of the edge model's
+output (``_router_features``: the ``"ranked"`` set by default, top
+probabilities, margin, entropy, and which two classes the edge hesitates
+between), plus, optionally, features of the input that an
 ``input_features`` callable computes (it must be cheap: it runs on every
-request). Its score is the logit of "the cloud's answer differs from the
-edge's" (``target="disagree"``, needs no labels) or of "the edge is wrong
-and the cloud right" (``target="gain"``, needs labels): higher means
-offloading helps more, so it plugs into ``UncertainCheck`` like the
-built-in scores and is calibrated to a budget the same way.
+request). Its score is the logit of "the edge is wrong and the cloud right"
+(``target="gain"``, needs labels: what a budget should buy) or of "the
+cloud's answer differs from the edge's" (``target="disagree"``, needs no
+labels): higher means offloading helps more, so it plugs into
+``UncertainCheck`` like the built-in scores and is calibrated to a budget
+the same way.
 
-Training (``fit``) uses numpy only: standardized features, L2-regularized
-Newton iterations on the calibration split's edge outputs, cloud outputs and
-(for ``gain``) labels. At run time a score is a few numpy calls on the
-output row (about 10 µs). ``update`` takes offloaded samples (edge and cloud
-answers, no labels) and moves the weights by a few gradient steps on the
-disagreement target; those samples are the ones the router chose, so
-feeding it only them biases it towards them: mix in a share of random
-offloads when updating from a fleet. The weights travel as JSON
-(``to_dict``/``from_dict``, ``save``/``load``): never pickled.
+Training (``fit``) uses numpy only (``_router_fit``): standardized features,
+L2-regularized Newton iterations, the L2 chosen by five-fold cross-validation
+inside the rows given (``l2="auto"``). Give it every labelled row the edge
+model was not trained on: the calibration split, and, where the edge was
+trained by cross-fitting, its out-of-fold predictions on the training rows
+(a few hundred calibration rows hold only a few dozen edge errors). At run
+time a score is a few numpy calls on the output row (tens of µs).
+``update`` takes offloaded samples (edge and cloud answers; labels where
+known) and moves the weights by a few gradient steps; those samples are the
+ones the router chose, so feeding it only them biases it towards them: mix
+in a share of random offloads when updating from a fleet. The weights
+travel as JSON (``to_dict``/``from_dict``, ``save``/``load``), never pickled;
+documents of the first format (``"basic"`` features) still load.
 
-Invariants: ``fit`` refuses inputs it cannot learn from (no rows, one
-class only, mismatched lengths) with ``ValueError``; a router scores only
-outputs with the number of classes it was trained on; scores are finite.
+Invariants: ``fit`` refuses inputs it cannot learn from (no rows, one class
+only, mismatched lengths) with ``ValueError``; a router scores only outputs
+with the number of classes it was trained on; scores are finite; a document
+that is not a router's (not JSON, unknown format, sizes that do not match,
+weights that are not finite numbers) raises ``RouterLoadError``.
 """
 
 from __future__ import annotations
@@ -36,6 +43,9 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ._errors import RouterLoadError
+from ._router_features import FEATURE_SETS, FeatureSet, feature_count, output_features
+from ._router_fit import choose_l2, fit_logistic
 from ._scores import OutputKind, to_probabilities
 
 __all__ = ["InputFeatures", "LearnedScore", "output_features"]
@@ -45,21 +55,8 @@ InputFeatures = Callable[[Mapping[str, np.ndarray]], np.ndarray]
 
 Target = Literal["disagree", "gain"]
 
-_FORMAT = "tandem.learned-score/1"
-_EPS = 1e-12
-
-
-def output_features(probs: np.ndarray) -> np.ndarray:
-    """The router's features of probability rows [n, classes]: [n, 4 + classes]."""
-    n, k = probs.shape
-    p = np.clip(probs, _EPS, 1.0)
-    top2 = np.partition(p, -2, axis=1)[:, -2:] if k >= 2 else np.c_[np.zeros(n), p[:, :1]]
-    p1, p2 = top2[:, 1], top2[:, 0]
-    entropy = -(p * np.log(p)).sum(axis=1) / math.log(max(k, 2))
-    summary = np.stack([1.0 - p1, 1.0 - (p1 - p2), entropy, np.log(p1 / p2)], axis=1)
-    winner = np.zeros((n, k))
-    winner[np.arange(n), probs.argmax(axis=1)] = 1.0
-    return np.concatenate([summary, winner], axis=1)
+_FORMAT = "tandem.learned-score/2"
+_FORMAT_V1 = "tandem.learned-score/1"  # "basic" features, no "features" field
 
 
 class LearnedScore:
@@ -75,21 +72,34 @@ class LearnedScore:
         classes: int,
         target: Target = "disagree",
         input_features: InputFeatures | None = None,
+        features: FeatureSet = "basic",
     ) -> None:
         weights = np.asarray(weights, dtype=np.float64).ravel()
+        if classes < 1:
+            raise ValueError(f"a router scores at least one class, got {classes}")
         if not (weights.shape == np.shape(mean) == np.shape(scale)):
             raise ValueError("weights, mean and scale must have one value per feature")
-        if weights.size < 4 + classes or classes < 1:
-            raise ValueError(f"{weights.size} weights cannot score {classes} classes")
+        own = feature_count(classes, features)
+        if weights.size < own or (input_features is None and weights.size != own):
+            raise ValueError(
+                f"{weights.size} weights cannot score {classes} classes with the "
+                f"{features!r} features ({own} of them, plus input features if given)"
+            )
         if not (np.all(np.isfinite(weights)) and math.isfinite(bias)):
             raise ValueError("weights and bias must be finite")
+        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(scale))):
+            raise ValueError("mean and scale must be finite")
+        if target not in ("disagree", "gain"):
+            raise ValueError(f"target must be 'disagree' or 'gain', got {target!r}")
         self.weights = weights
         self.bias = float(bias)
         self.mean = np.asarray(mean, dtype=np.float64)
         self.scale = np.where(np.asarray(scale, dtype=np.float64) > 0, scale, 1.0)
         self.classes = classes
         self.target = target
+        self.features_kind: FeatureSet = features
         self.input_features = input_features
+        self.l2: float | None = None  # the penalty it was fitted with, when known
         self.__name__ = f"learned:{target}"  # what UncertainCheck reports as its score name
 
     @property
@@ -108,13 +118,12 @@ class LearnedScore:
                 f"this router was trained on {self.classes} classes, got outputs of shape "
                 f"{list(probs.shape)}"
             )
-        x = output_features(probs)
+        x = output_features(probs, self.features_kind)
         if self.input_features is None:
             return x
         if inputs is None:
             raise ValueError("this router scores inputs too: pass them (input_features= given)")
-        extra = np.asarray(self.input_features(inputs), dtype=np.float64).reshape(len(x), -1)
-        return np.concatenate([x, extra], axis=1)
+        return np.concatenate([x, _input_columns(self.input_features, inputs, len(x))], axis=1)
 
     def logits(
         self, probs: np.ndarray, inputs: Mapping[str, np.ndarray] | None = None
@@ -146,15 +155,18 @@ class LearnedScore:
         target: Target | None = None,
         inputs: Mapping[str, np.ndarray] | None = None,
         input_features: InputFeatures | None = None,
-        l2: float = 10.0,
+        features: FeatureSet = "ranked",
+        l2: float | Literal["auto"] = "auto",
         outputs: OutputKind = "auto",
         iterations: int = 25,
     ) -> LearnedScore:
-        """Train on a calibration split: edge and cloud outputs [n, classes], labels [n].
+        """Train on labelled rows the edge never trained on: outputs [n, classes], labels [n].
 
         ``target`` defaults to ``"gain"`` with labels and ``"disagree"`` without.
         ``inputs`` (named arrays, rows first) are needed with ``input_features``.
-        ``l2`` regularizes the standardized weights (more for fewer rows).
+        ``l2`` regularizes the standardized weights; ``"auto"`` picks it by
+        cross-validation inside these rows. ``features="basic"`` is the
+        smaller feature set of the first router format.
         """
         edge, cloud = _paired(edge_outputs, cloud_outputs, outputs)
         target = target or ("gain" if labels is not None else "disagree")
@@ -163,45 +175,52 @@ class LearnedScore:
             raise ValueError(
                 f"every calibration row has the same {target!r} outcome: nothing to learn"
             )
-        if l2 <= 0:
-            raise ValueError("l2 must be positive")
-        k = edge.shape[1]
-        x = output_features(edge)
+        if l2 != "auto" and not (isinstance(l2, int | float) and l2 > 0):
+            raise ValueError(f"l2 must be positive or 'auto', got {l2!r}")
+        x = output_features(edge, features)
         if input_features is not None:
             if inputs is None:
                 raise ValueError("input_features= needs the calibration inputs (inputs=)")
-            extra = np.asarray(input_features(inputs), dtype=np.float64).reshape(len(x), -1)
-            x = np.concatenate([x, extra], axis=1)
-        mean, scale = x.mean(axis=0), x.std(axis=0)
-        scale = np.where(scale > 0, scale, 1.0)
-        weights, bias = _newton((x - mean) / scale, y, l2, iterations)
-        return cls(
+            x = np.concatenate([x, _input_columns(input_features, inputs, len(x))], axis=1)
+        penalty = choose_l2(x, y) if l2 == "auto" else float(l2)
+        weights, bias, (mean, scale) = fit_logistic(x, y, penalty, iterations=iterations)
+        router = cls(
             weights,
             bias,
             mean,
             scale,
-            classes=k,
+            classes=edge.shape[1],
             target=target,
             input_features=input_features,
+            features=features,
         )
+        router.l2 = penalty
+        return router
 
     def update(
         self,
         edge_outputs: np.ndarray,
         cloud_outputs: np.ndarray,
+        labels: np.ndarray | None = None,
         *,
         inputs: Mapping[str, np.ndarray] | None = None,
         learning_rate: float = 0.05,
         steps: int = 5,
         outputs: OutputKind = "auto",
     ) -> None:
-        """Gradient steps towards "the cloud differs" on offloaded samples (no labels)."""
+        """Gradient steps on offloaded samples, towards what they showed.
+
+        Without labels the target is "the cloud differs" (the cloud's answer
+        stands in for the label, so "edge wrong, cloud right" is the same
+        thing); with labels (user feedback), the router's own target.
+        """
         edge, cloud = _paired(edge_outputs, cloud_outputs, outputs)
-        y = _target(edge, cloud, None, "disagree")
+        target: Target = self.target if labels is not None else "disagree"
+        y = _target(edge, cloud, labels, target)
         z = (self.features(edge, inputs) - self.mean) / self.scale
         w, b = self.weights.copy(), self.bias
         for _ in range(steps):
-            p = 1.0 / (1.0 + np.exp(-(z @ w + b)))
+            p = 1.0 / (1.0 + np.exp(-np.clip(z @ w + b, -50.0, 50.0)))
             w -= learning_rate * (z.T @ (p - y) / len(y))
             b -= learning_rate * float(np.mean(p - y))
         if np.all(np.isfinite(w)) and math.isfinite(b):  # a bad batch leaves the router as it was
@@ -214,33 +233,62 @@ class LearnedScore:
             "format": _FORMAT,
             "target": self.target,
             "classes": self.classes,
+            "features": self.features_kind,
+            "input_features": self.weights.size - feature_count(self.classes, self.features_kind),
             "uses_inputs": self.uses_inputs,
             "weights": self.weights.tolist(),
             "bias": self.bias,
             "mean": self.mean.tolist(),
             "scale": self.scale.tolist(),
+            "l2": self.l2,
         }
 
     @classmethod
     def from_dict(
         cls, document: Mapping[str, Any], *, input_features: InputFeatures | None = None
     ) -> LearnedScore:
-        if document.get("format") != _FORMAT:
-            raise ValueError(f"not a learned router document ({_FORMAT} expected)")
+        """A router from ``to_dict``'s document; ``RouterLoadError`` if it is not one."""
+        if not isinstance(document, Mapping):
+            raise RouterLoadError(f"a router document is a JSON object, not {type(document)}")
+        fmt = document.get("format")
+        if fmt not in (_FORMAT, _FORMAT_V1):
+            raise RouterLoadError(
+                f"not a learned router document ({_FORMAT} or {_FORMAT_V1} expected, got "
+                f"{str(fmt)[:60]!r})"
+            )
         if bool(document.get("uses_inputs")) != (input_features is not None):
-            raise ValueError("this router was trained with input features: pass input_features=")
+            raise RouterLoadError(
+                "this router was trained with input features: pass input_features="
+                if document.get("uses_inputs")
+                else "this router was trained without input features: do not pass any"
+            )
         target = document.get("target")
         if target not in ("disagree", "gain"):
-            raise ValueError(f"unknown router target {target!r}")
-        return cls(
-            np.asarray(document["weights"], dtype=np.float64),
-            float(document["bias"]),
-            np.asarray(document["mean"], dtype=np.float64),
-            np.asarray(document["scale"], dtype=np.float64),
-            classes=int(document["classes"]),
-            target=target,
-            input_features=input_features,
-        )
+            raise RouterLoadError(f"unknown router target {str(target)[:60]!r}")
+        features = document.get("features", "basic") if fmt == _FORMAT else "basic"
+        if features not in FEATURE_SETS:
+            raise RouterLoadError(f"unknown router feature set {str(features)[:60]!r}")
+        classes = document.get("classes")
+        if not (isinstance(classes, int) and not isinstance(classes, bool) and classes >= 1):
+            raise RouterLoadError(f"classes must be a positive integer, got {classes!r}")
+        weights, mean, scale = (_numbers(document, key) for key in ("weights", "mean", "scale"))
+        bias = _numbers(document, "bias", scalar=True)
+        try:
+            router = cls(
+                weights,
+                float(bias[0]),
+                mean,
+                scale,
+                classes=classes,
+                target=target,
+                input_features=input_features,
+                features=features,
+            )
+        except ValueError as e:
+            raise RouterLoadError(f"not a usable router: {e}") from e
+        l2 = document.get("l2")
+        router.l2 = float(l2) if isinstance(l2, int | float) and not isinstance(l2, bool) else None
+        return router
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict()) + "\n")
@@ -249,11 +297,38 @@ class LearnedScore:
     def load(cls, path: str | Path, *, input_features: InputFeatures | None = None) -> LearnedScore:
         try:
             document = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"cannot read a learned router from {path}: {e}") from e
+        except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError too
+            raise RouterLoadError(f"cannot read a learned router from {path}: {e}") from e
         if not isinstance(document, dict):
-            raise ValueError(f"{path} does not hold a learned router")
+            raise RouterLoadError(f"{path} does not hold a learned router")
         return cls.from_dict(document, input_features=input_features)
+
+
+def _numbers(document: Mapping[str, Any], key: str, *, scalar: bool = False) -> np.ndarray:
+    """A document's list (or number) of finite numbers as float64; RouterLoadError if not."""
+    value = document.get(key)
+    items = [value] if scalar else value
+    if not isinstance(items, list) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in items
+    ):
+        kind = "a number" if scalar else "a list of numbers"
+        raise RouterLoadError(f"router field {key!r} must be {kind}")
+    array = np.asarray(items, dtype=np.float64)
+    if not np.all(np.isfinite(array)):
+        raise RouterLoadError(f"router field {key!r} holds a value that is not finite")
+    return array
+
+
+def _input_columns(
+    input_features: InputFeatures, inputs: Mapping[str, np.ndarray], rows: int
+) -> np.ndarray:
+    extra = np.asarray(input_features(inputs), dtype=np.float64)
+    if extra.ndim == 0 or extra.shape[0] != rows:
+        raise ValueError(
+            f"input_features returned shape {list(extra.shape)} for {rows} rows: one row per "
+            "request row expected"
+        )
+    return extra.reshape(rows, -1)
 
 
 def _paired(
@@ -283,21 +358,3 @@ def _target(
     if y.shape[0] != edge.shape[0]:
         raise ValueError(f"{y.shape[0]} labels for {edge.shape[0]} outputs")
     return ((edge_answer != y) & (cloud_answer == y)).astype(np.float64)
-
-
-def _newton(z: np.ndarray, y: np.ndarray, l2: float, iterations: int) -> tuple[np.ndarray, float]:
-    """L2-regularized logistic regression (the bias unpenalized) by Newton's method."""
-    n, f = z.shape
-    design = np.concatenate([z, np.ones((n, 1))], axis=1)
-    penalty = np.full(f + 1, l2)
-    penalty[-1] = 0.0
-    w = np.zeros(f + 1)
-    for _ in range(iterations):
-        p = 1.0 / (1.0 + np.exp(-np.clip(design @ w, -50.0, 50.0)))
-        gradient = design.T @ (p - y) + penalty * w
-        hessian = (design * (p * (1.0 - p))[:, None]).T @ design + np.diag(penalty + 1e-9)
-        step = np.linalg.solve(hessian, gradient)
-        w -= step
-        if float(np.abs(step).max()) < 1e-8:
-            break
-    return w[:-1], float(w[-1])

@@ -303,9 +303,11 @@ class OffloadPolicy:
     ) -> OffloadPolicy:
         """Offload the ``budget`` share a trained router ranks highest (call ``calibrate``).
 
-        ``router`` is a ``LearnedScore`` fitted on the calibration split
-        (``LearnedScore.fit``); the threshold is calibrated to the budget as
-        for the built-in scores.
+        ``router`` is a ``LearnedScore`` fitted on labelled rows the edge
+        never trained on (``LearnedScore.fit``: the calibration split, and
+        out-of-fold rows where there are some); the threshold is calibrated to
+        the budget as for the built-in scores (a router with input features
+        needs ``calibrate(outputs, inputs=...)``).
         """
         return cls.budget(budget, score=router, heavy=heavy, **options)
 

@@ -12,12 +12,15 @@ import pytest
 from edge_agent import (
     EdgeAgent,
     LearnedScore,
+    ModelLoadError,
     OffloadPolicy,
+    RouterLoadError,
     Source,
     UncertainCheck,
     margin,
     to_probabilities,
 )
+from edge_agent._router_fit import L2_GRID
 from edge_agent.runtimes import load_runtime
 
 from ._brokers import MosquittoProcess
@@ -51,6 +54,11 @@ def _gain_at(scores: np.ndarray, edge: np.ndarray, cloud: np.ndarray, y: np.ndar
     return int(cloud_right.sum() - edge_right.sum())
 
 
+def _input_norm(inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+    x = inputs["x"]
+    return np.abs(x).reshape(len(x), -1).max(axis=1, keepdims=True)
+
+
 @pytest.mark.parametrize("target", ["gain", "disagree"])
 def test_a_router_learns_what_the_scores_cannot_see(target: str) -> None:
     edge, cloud, y = _pair(1500, seed=0)
@@ -82,16 +90,91 @@ def test_a_router_travels_as_json_and_scores_the_same(tmp_path: Path) -> None:
     path = tmp_path / "router.json"
     router.save(path)
     document = json.loads(path.read_text())
-    assert document["format"] == "tandem.learned-score/1" and document["classes"] == 5
+    assert document["format"] == "tandem.learned-score/2" and document["classes"] == 5
+    assert document["features"] == "ranked" and document["l2"] in L2_GRID
     again = LearnedScore.load(path)
     probs = to_probabilities(edge, "logits")
     np.testing.assert_array_equal(again(probs), router(probs))
+    np.testing.assert_array_equal(again.weights, router.weights)
+    assert (again.bias, again.target, again.l2) == (router.bias, router.target, router.l2)
     path.write_text('{"format": "something else"}')
-    with pytest.raises(ValueError, match="not a learned router"):
+    with pytest.raises(RouterLoadError, match="not a learned router"):
         LearnedScore.load(path)
     path.write_bytes(b"\x80\x04K\x01.")  # a pickle is not read, whatever it holds
-    with pytest.raises(ValueError, match="cannot read"):
+    with pytest.raises(RouterLoadError, match="cannot read"):
         LearnedScore.load(path)
+
+
+def test_a_router_with_input_features_travels_as_json_and_scores_the_same() -> None:
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(600, 16))
+    edge, cloud = x @ W_EDGE + B_EDGE, x @ W_CLOUD + B_CLOUD
+    router = LearnedScore.fit(
+        edge, cloud, inputs={"x": x}, input_features=_input_norm, outputs="logits"
+    )
+    document = json.loads(json.dumps(router.to_dict()))
+    assert document["input_features"] == 1 and document["uses_inputs"] is True
+    with pytest.raises(RouterLoadError, match="pass input_features="):
+        LearnedScore.from_dict(document)
+    again = LearnedScore.from_dict(document, input_features=_input_norm)
+    probs = to_probabilities(edge, "logits")
+    np.testing.assert_array_equal(again.logits(probs, {"x": x}), router.logits(probs, {"x": x}))
+
+
+def test_a_router_of_the_first_format_still_loads_and_scores_the_same() -> None:
+    edge, cloud, y = _pair(800, seed=9)
+    router = LearnedScore.fit(edge, cloud, y, features="basic")
+    document = router.to_dict()
+    first = {k: v for k, v in document.items() if k not in ("features", "input_features", "l2")}
+    first["format"] = "tandem.learned-score/1"
+    again = LearnedScore.from_dict(json.loads(json.dumps(first)))
+    probs = to_probabilities(edge, "logits")
+    assert again.features_kind == "basic" and again.weights.size == 4 + 5
+    np.testing.assert_array_equal(again(probs), router(probs))
+
+
+def _document() -> dict[str, object]:
+    edge, cloud, y = _pair(400, seed=10)
+    return json.loads(json.dumps(LearnedScore.fit(edge, cloud, y).to_dict()))
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"format": "tandem.learned-score/9"}, "not a learned router"),
+        ({"target": "profit"}, "unknown router target"),
+        ({"features": "everything"}, "unknown router feature set"),
+        ({"classes": True}, "classes must be a positive integer"),
+        ({"classes": 0}, "classes must be a positive integer"),
+        ({"classes": 4}, "cannot score 4 classes"),
+        ({"weights": "0.1,0.2"}, "'weights' must be a list of numbers"),
+        ({"weights": [0.5] * 3}, "one value per feature"),
+        ({"mean": [None] * 29}, "'mean' must be a list of numbers"),
+        ({"scale": None}, "'scale' must be a list of numbers"),
+        ({"bias": "1"}, "'bias' must be a number"),
+        ({"bias": float("nan")}, "'bias' holds a value that is not finite"),
+        ({"uses_inputs": True}, "pass input_features="),
+    ],
+)
+def test_a_document_that_is_not_a_router_is_refused_with_a_typed_error(
+    change: dict[str, object], match: str
+) -> None:
+    document = {**_document(), **change}
+    with pytest.raises(RouterLoadError, match=match) as caught:
+        LearnedScore.from_dict(json.loads(json.dumps(document)))
+    assert isinstance(caught.value, ModelLoadError) and isinstance(caught.value, ValueError)
+
+
+@pytest.mark.parametrize("text", ["[1, 2, 3]", '"router"', "{", '{"weights": [Infinity]}'])
+def test_a_file_that_is_not_a_router_is_refused_with_a_typed_error(
+    tmp_path: Path, text: str
+) -> None:
+    path = tmp_path / "router.json"
+    path.write_text(text)
+    with pytest.raises(RouterLoadError):
+        LearnedScore.load(path)
+    with pytest.raises(RouterLoadError, match="cannot read"):
+        LearnedScore.load(tmp_path / "missing.json")
 
 
 def test_updates_from_offloaded_samples_move_the_router_towards_what_the_cloud_said() -> None:
@@ -110,6 +193,36 @@ def test_updates_from_offloaded_samples_move_the_router_towards_what_the_cloud_s
     assert router(probs).mean() > before
 
 
+@pytest.mark.parametrize("edge_right", [True, False])
+def test_updates_with_labels_move_the_router_towards_the_labels(edge_right: bool) -> None:
+    edge, cloud, y = _pair(1000, seed=12)
+    router = LearnedScore.fit(edge, cloud, y)
+    rng = np.random.default_rng(13)
+    live = rng.normal(size=(400, 5))
+    live[:, 1] += 1.0  # class 1 wins most rows, not confidently
+    answers = to_probabilities(live, "logits").argmax(axis=1)
+    labels = answers if edge_right else (answers + 1) % 5
+    cloud_live = np.full((400, 5), -3.0)
+    cloud_live[np.arange(400), labels] = 3.0  # the cloud is right either way
+    probs = to_probabilities(live, "logits")
+    before = router.probability(probs).mean()
+    for _ in range(20):
+        router.update(live, cloud_live, labels)
+    after = router.probability(probs).mean()
+    # Offloading gains nothing where the edge was right, everything where it was wrong.
+    assert (after < before) if edge_right else (after > before)
+
+
+def test_fitting_is_deterministic_and_picks_its_penalty_from_the_grid() -> None:
+    edge, cloud, y = _pair(900, seed=14)
+    first, second = LearnedScore.fit(edge, cloud, y), LearnedScore.fit(edge, cloud, y)
+    assert first.l2 in L2_GRID
+    np.testing.assert_array_equal(first.weights, second.weights)
+    fixed = LearnedScore.fit(edge, cloud, y, l2=1000.0)
+    assert fixed.l2 == 1000.0
+    assert np.abs(fixed.weights).sum() < np.abs(first.weights).sum()
+
+
 @pytest.mark.parametrize(
     ("args", "kwargs", "match"),
     [
@@ -119,6 +232,8 @@ def test_updates_from_offloaded_samples_move_the_router_towards_what_the_cloud_s
         ((np.eye(3), np.eye(3)[::-1]), {"target": "gain"}, "needs labels"),
         ((np.eye(3), np.eye(3)[::-1], np.arange(2)), {}, "2 labels for 3"),
         ((np.eye(3), np.eye(3)[::-1]), {"l2": 0.0}, "l2"),
+        ((np.eye(3), np.eye(3)[::-1]), {"l2": "none"}, "l2"),
+        ((np.eye(3), np.eye(3)[::-1]), {"features": "all"}, "unknown feature set"),
     ],
 )
 def test_fit_refuses_what_it_cannot_learn_from(
@@ -133,11 +248,6 @@ def test_a_router_scores_only_outputs_of_its_class_count() -> None:
     router = LearnedScore.fit(edge, cloud, y)
     with pytest.raises(ValueError, match="trained on 5 classes"):
         router(np.full((2, 4), 0.25))
-
-
-def _input_norm(inputs: Mapping[str, np.ndarray]) -> np.ndarray:
-    x = inputs["x"]
-    return np.abs(x).reshape(len(x), -1).max(axis=1, keepdims=True)
 
 
 def test_an_agent_routes_with_a_router_that_reads_the_inputs_too(

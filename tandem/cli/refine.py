@@ -11,7 +11,7 @@ and why, publishes nothing and exits 1.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -35,6 +35,29 @@ from ._common import (
     load_key,
     open_registry_for,
 )
+from ._refine_options import (
+    BaseOption,
+    CalibrationOption,
+    CdnOption,
+    CloudModelOption,
+    ExamplesOption,
+    HoldoutOption,
+    MaxAgreementDropOption,
+    MaxForgettingOption,
+    MinAgreementOption,
+    MinGainOption,
+    NameArgument,
+    OutOption,
+    ReplayOption,
+    RolloutOption,
+    SeedOption,
+    SoakOption,
+    TargetOption,
+    TokenOption,
+    TrainerOption,
+    TrainerOptionsOption,
+    ValidationOption,
+)
 
 if TYPE_CHECKING:
     from model_cdn import AdminClient
@@ -48,122 +71,31 @@ COMMAND = "models refine"
 
 
 def refine(
-    name: Annotated[
-        str,
-        typer.Argument(help="The edge model to refine, as the CDN names it.", show_default=False),
-    ],
-    examples: Annotated[
-        str,
-        typer.Option(
-            "--examples",
-            help="Where the hub collects: the store of config.json's 'collection' "
-            "(a path, file:// or s3:// URL).",
-            show_default=False,
-        ),
-    ],
-    base: Annotated[
-        Path,
-        typer.Option(
-            "--base", help="The float ONNX model of the version in service.", show_default=False
-        ),
-    ],
-    validation: Annotated[
-        Path,
-        typer.Option(
-            "--validation",
-            help="Original held-out data with labels (.npz: inputs, labels): what must not "
-            "get worse.",
-            show_default=False,
-        ),
-    ],
-    calibration: Annotated[
-        Path | None,
-        typer.Option("--calibration", help="Calibration inputs for static INT8 (.npy/.npz)."),
-    ] = None,
-    replay: Annotated[
-        Path | None,
-        typer.Option(
-            "--replay",
-            help="Original training data (.npz: inputs, labels) mixed into training "
-            "against forgetting.",
-        ),
-    ] = None,
-    trainer: Annotated[
-        str, typer.Option("--trainer", help="MODULE:FUNC called with a TrainingData.")
-    ] = "tandem.refine:distill",
-    trainer_option: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--trainer-option",
-            help="KEY=VALUE for the trainer (repeat); distill takes epochs, lr, batch_size, "
-            "temperature, replay_weight, weight_decay.",
-            show_default=False,
-        ),
-    ] = None,
-    cloud_model: Annotated[
-        str | None,
-        typer.Option("--cloud-model", help="Only examples collected for this hub model."),
-    ] = None,
-    holdout: Annotated[
-        str, typer.Option("--holdout", help="Share of the examples kept out to judge.")
-    ] = "20%",
-    min_gain: Annotated[
-        str,
-        typer.Option(
-            "--min-gain", help="Held-out agreement with the cloud the new version must gain."
-        ),
-    ] = "0%",
-    max_forgetting: Annotated[
-        str,
-        typer.Option("--max-forgetting", help="Validation accuracy it may lose."),
-    ] = "0.5%",
-    min_agreement: Annotated[
-        str, typer.Option("--min-agreement", help="The publish gate: quantized vs float.")
-    ] = "97%",
-    seed: Annotated[int, typer.Option("--seed", help="Seeds the split and the training.")] = 0,
-    out: Annotated[
-        Path, typer.Option("--out", help="Where the new float model and the report go.")
-    ] = Path("refine-output"),
+    name: NameArgument,
+    examples: ExamplesOption,
+    base: BaseOption,
+    validation: ValidationOption,
+    calibration: CalibrationOption = None,
+    replay: ReplayOption = None,
+    trainer: TrainerOption = "tandem.refine:distill",
+    trainer_option: TrainerOptionsOption = None,
+    cloud_model: CloudModelOption = None,
+    holdout: HoldoutOption = "20%",
+    min_gain: MinGainOption = "0%",
+    max_forgetting: MaxForgettingOption = "0.5%",
+    min_agreement: MinAgreementOption = "97%",
+    seed: SeedOption = 0,
+    out: OutOption = Path("refine-output"),
     sign_key: SignKeyOption = None,
     registry: RegistryOption = DEFAULT_REGISTRY,
     store: StoreOption = DEFAULT_STORE,
-    cdn: Annotated[
-        str | None,
-        typer.Option(
-            "--cdn", help="Publish through this CDN's admin API instead of --registry/--store."
-        ),
-    ] = None,
-    token: Annotated[
-        str | None,
-        typer.Option(
-            "--token",
-            envvar="TANDEM_CDN_ADMIN_TOKEN",
-            help="With --cdn: the admin token, or an API key with models:publish "
-            "(and rollout:admin for --rollout).",
-            show_default=False,
-        ),
-    ] = None,
+    cdn: CdnOption = None,
+    token: TokenOption = None,
     ca: CaOption = None,
-    rollout: Annotated[
-        str | None,
-        typer.Option(
-            "--rollout",
-            help="With --cdn: start a staged rollout of the new version in these waves "
-            "(e.g. 25%,100%).",
-        ),
-    ] = None,
-    target: Annotated[
-        list[str] | None,
-        typer.Option("--target", help="With --rollout: label=value the devices must have."),
-    ] = None,
-    soak: Annotated[str, typer.Option("--soak", help="With --rollout: each wave's soak.")] = "10m",
-    max_agreement_drop: Annotated[
-        str,
-        typer.Option(
-            "--max-agreement-drop",
-            help="With --rollout: the agreement gate (edge-cloud agreement it may lose).",
-        ),
-    ] = "2%",
+    rollout: RolloutOption = None,
+    target: TargetOption = None,
+    soak: SoakOption = "10m",
+    max_agreement_drop: MaxAgreementDropOption = "2%",
 ) -> None:
     """Fine-tune an edge model on the examples its fleet offloaded, and publish it if better.
 
@@ -180,60 +112,89 @@ def refine(
     --validation validation.npz --calibration calibration.npz --replay train.npz
     --sign-key keys/publisher.key
     """
-    from tandem.refine import RefineRefusedError, RefineSettings
-
     if rollout is not None and cdn is None:
         fail(COMMAND, "--rollout needs --cdn: the CDN's rollout service runs it", 2)
-    options = _options(trainer_option or [])
     labels = parse_labels(target or [], "--target", COMMAND)
     soak_s = parse_duration(soak, "--soak", COMMAND)
-    shares = {
+    shares = _shares(
+        holdout=holdout,
+        min_gain=min_gain,
+        max_forgetting=max_forgetting,
+        min_agreement=min_agreement,
+        max_agreement_drop=max_agreement_drop,
+    )
+    settings = _settings(
+        {
+            "model": name,
+            "examples": examples,
+            "base": base,
+            "validation": validation,
+            "calibration": calibration,
+            "replay": replay,
+            "trainer": trainer,
+            "trainer_options": _options(trainer_option or []),
+            "cloud_model": cloud_model,
+            "seed": seed,
+            "out_dir": out,
+        },
+        shares,
+    )
+    client = None if cdn is None else admin_client(COMMAND, cdn, token, ca)
+    report = _refine_or_exit(settings, client, registry, store, sign_key, out)
+    _print_figures(report)
+    typer.echo(f"published {name}@{report.version}; float model and report in {out}")
+    if rollout is not None and client is not None:
+        _start_rollout(client, name, report, rollout, labels, soak_s, shares["max_agreement_drop"])
+
+
+def _shares(**texts: str) -> dict[str, float]:
+    """Each share option (``20%``, ``0.2``) as a fraction; exit 2 on a bad one."""
+    return {
         name: parse_fraction(text, f"--{name.replace('_', '-')}", COMMAND)
-        for name, text in (
-            ("holdout", holdout),
-            ("min_gain", min_gain),
-            ("max_forgetting", max_forgetting),
-            ("min_agreement", min_agreement),
-            ("max_agreement_drop", max_agreement_drop),
-        )
+        for name, text in texts.items()
     }
-    for path in (base, validation, calibration, replay):
+
+
+def _settings(fields: dict[str, Any], shares: dict[str, float]) -> RefineSettings:
+    """The job's settings; exit 2 for a file that is not there or a setting that cannot work."""
+    from tandem.refine import RefineSettings
+
+    for what in ("base", "validation", "calibration", "replay"):
+        path = fields[what]
         if path is not None and not path.is_file():
             fail(COMMAND, f"no file {path}", 2)
     try:
-        settings = RefineSettings(
-            model=name,
-            examples=examples,
-            base=base,
-            validation=validation,
-            calibration=calibration,
-            replay=replay,
-            trainer=trainer,
-            trainer_options=options,
-            cloud_model=cloud_model,
+        return RefineSettings(
+            **fields,
             holdout=shares["holdout"],
             min_gain=shares["min_gain"],
             max_forgetting=shares["max_forgetting"],
             min_agreement=shares["min_agreement"],
-            seed=seed,
-            out_dir=out,
         )
     except ValueError as e:
         fail(COMMAND, str(e), 2)
-    client = None if cdn is None else admin_client(COMMAND, cdn, token, ca)
+
+
+def _refine_or_exit(
+    settings: RefineSettings,
+    client: AdminClient | None,
+    registry: str,
+    store: str,
+    sign_key: Path | None,
+    out: Path,
+) -> RefineReport:
+    """The published candidate's report; a refused one prints why and exits 1."""
+    from tandem.refine import RefineRefusedError
+
     with clean_errors(COMMAND), admin_errors(COMMAND):
         key = load_key(sign_key, COMMAND)
         try:
-            report = _run(settings, client, registry, store, key)
+            return _run(settings, client, registry, store, key)
         except RefineRefusedError as e:
             _print_figures(e.report)
             for why in e.report.refusals:
                 typer.echo(f"refused: {why}")
             fail(COMMAND, f"nothing published; the report is in {out / 'refine-report.json'}")
-    _print_figures(report)
-    typer.echo(f"published {name}@{report.version}; float model and report in {out}")
-    if rollout is not None and client is not None:
-        _start_rollout(client, name, report, rollout, labels, soak_s, shares["max_agreement_drop"])
 
 
 def _start_rollout(
