@@ -63,6 +63,7 @@ class Responder:
     def start(self) -> Responder:
         client = create_client(self._settings, f"responder-{id(self):x}", protocol="5")
         client.on_connect = self._on_connect
+        client.on_subscribe = self._on_subscribe
         client.on_message = self._on_message
         client.connect(self._settings.host, self._settings.port)
         client.loop_start()
@@ -90,10 +91,13 @@ class Responder:
     def _on_connect(self, client: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
         if reason.is_failure:  # bad credentials, not authorised: fail start() at once
             self._refused = reason
-        else:
+            self._ready.set()
+        else:  # ready once subscribed: a request sent before the SUBACK could be missed
             client.subscribe(
                 [(self.topics.device_infer_filter(), 1), (self.topics.infer_filter(), 1)]
             )
+
+    def _on_subscribe(self, *_args: Any) -> None:
         self._ready.set()
 
     def _on_message(self, client: Any, _u: Any, msg: mqtt.MQTTMessage) -> None:
