@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(args) != 2 or args[0] not in _ROLES or not args[1].isdecimal():
         raise SystemExit("usage: python -m cloud_hub._plane_main executor|mqtt|http INDEX")
     spec = PlaneSpec.from_json(os.environ.pop(ENV))
-    configure_logging(spec.log_level, json=spec.log_format == "json", stream=sys.stderr)
+    configure_logging(spec.log_level, json=spec.log_format == "json")
     _die_with_parent(spec.parent_pid)
     role, index = args[0], int(args[1])
     try:

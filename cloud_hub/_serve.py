@@ -16,7 +16,6 @@ repository, a process that cannot start).
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -187,7 +186,7 @@ def serve(settings: HubServeSettings) -> None:
     from ._supervisor import HubSupervisor
 
     s = settings
-    configure_logging(s.log_level.lower(), json=s.log_format.lower() == "json", stream=sys.stderr)
+    configure_logging(s.log_level.lower(), json=s.log_format.lower() == "json")
     MqttSettings.from_url(s.broker).with_tls(  # a bad URL is this command's error, not a child's
         ca_certs=s.mqtt_ca, certfile=s.mqtt_cert, keyfile=s.mqtt_key
     )

@@ -77,13 +77,30 @@ class TextFormatter(logging.Formatter):
         return f"{head} [{pairs}]{sep}{tail}"
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record comes (as logging's last resort
+    does): a stream captured at configure time may be closed by then (a CLI run inside
+    another program, a test runner's capture)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> TextIO:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: TextIO) -> None:
+        pass  # always the current sys.stderr
+
+
 def configure_logging(
     level: str | int = "info", *, json: bool = False, stream: TextIO | None = None
 ) -> logging.Handler:
     """Install Tandem's handler on the root logger (JSON lines with ``json=True``); returns it.
 
     ``level`` is a name from ``LEVELS`` (any case) or a ``logging`` constant;
-    ``stream`` defaults to standard error.
+    ``stream`` defaults to standard error, looked up at each record.
     """
     if isinstance(level, str):
         if level.lower() not in LEVELS:
@@ -93,7 +110,7 @@ def configure_logging(
         numeric = level
     else:
         raise ValueError(f"log level must be a name or an int, got {level!r}")
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler = logging.StreamHandler(stream) if stream is not None else _StderrHandler()
     handler.setFormatter(JsonFormatter() if json else TextFormatter())
     setattr(handler, _MARK, True)
     root = logging.getLogger()

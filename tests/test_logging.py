@@ -182,3 +182,19 @@ def test_the_hub_cli_rejects_an_unknown_log_format(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "--log-format" in result.stderr
+
+
+@pytest.mark.usefixtures("restore_root_logger")
+def test_the_default_handler_writes_to_the_stderr_of_the_moment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stream captured at configure time (a CLI run in-process) may be closed later."""
+    first = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    configure_logging("info")
+    logging.getLogger("tandem.test").info("one")
+    first.close()  # the first capture ends, as a test runner's or CliRunner's does
+    second = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", second)
+    logging.getLogger("tandem.test").info("two")
+    assert "two" in second.getvalue() and "one" not in second.getvalue()

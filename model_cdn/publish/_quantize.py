@@ -41,6 +41,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from shared import quiet_loggers
+
 from .._errors import PublishError, QuantizationError
 from ._onnx_file import external_locations, require_self_contained
 from ._runner import batches
@@ -182,7 +184,8 @@ def _prepare(float_model: bytes, directory: Path, label: str) -> Path:
     source, prepared = directory / "f.onnx", directory / "p.onnx"
     source.write_bytes(float_model)
     try:
-        quant_pre_process(str(source), str(prepared), skip_optimization=True)
+        with quiet_loggers("onnxruntime.quantization"):  # its INFO chatter is not the user's
+            quant_pre_process(str(source), str(prepared), skip_optimization=True)
     except Exception as e:  # symbolic shape inference gives up on some graphs
         why = _without_temporary_paths(str(e), str(directory), label)
         _log.warning("quant_pre_process failed on %s (%s); quantizing without it", label, why)
