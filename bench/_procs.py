@@ -63,6 +63,15 @@ def cpu_ns(pid: int) -> int:
     return total
 
 
+def tree_cpu_ns(pid: int) -> int:
+    """``cpu_ns`` of ``pid`` and of its children (a hub's supervisor and its processes)."""
+    total = cpu_ns(pid)
+    for child in children(pid):
+        with contextlib.suppress(OSError):  # it ended meanwhile
+            total += cpu_ns(child)
+    return total
+
+
 def children(pid: int) -> list[int]:
     """Child processes of ``pid`` (a hub's workers), from /proc."""
     found: list[int] = []

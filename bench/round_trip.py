@@ -52,7 +52,7 @@ from ._procs import (
     EchoProcess,
     HubProcess,
     PlainServerProcess,
-    cpu_ns,
+    tree_cpu_ns,
     write_model,
 )
 from ._round_trip_report import BLOCK, BLOCK_S, FEATURES, HUB_CONFIG, ROUNDS, build_result
@@ -350,10 +350,10 @@ def _interleaved(variants: dict[str, Callable[[], None]], pids: dict[str, int]) 
     for r in range(ROUNDS):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            before = {k: cpu_ns(pid) for k, pid in pids.items()}
+            before = {k: tree_cpu_ns(pid) for k, pid in pids.items()}
             block = _block(variants[name], BLOCK, BLOCK_S)
             for k, pid in pids.items():
-                cpu[name][k] += cpu_ns(pid) - before[k]
+                cpu[name][k] += tree_cpu_ns(pid) - before[k]
             samples[name].extend(block.tolist())
             medians[name].append(float(np.median(block)))
     cpu_us = {n: {k: v / 1e3 / len(samples[n]) for k, v in per.items()} for n, per in cpu.items()}
