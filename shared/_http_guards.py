@@ -16,6 +16,11 @@ two deadlines Apache's ``mod_reqtimeout`` has (its ``header=`` and
 
 A client past a deadline gets ``408`` (when no response has started) and the
 connection is closed; a route waiting for that body sees the client gone.
+The close lingers, as nginx's ``lingering_close`` does: the server ends its
+side (FIN) and reads and drops what the client still sends for up to
+``LINGER_S``, then closes. Closed at once, the next byte a slow client sends
+meets a reset, which wipes the ``408`` from the client's receive buffer before
+it reads it.
 ``uvicorn_options(timeouts)`` are the keyword arguments that turn this on in
 ``uvicorn.Config`` / ``uvicorn.run``; the protocol class subclasses
 uvicorn's h11 one, which the server passes in (``shared`` never imports
@@ -57,6 +62,7 @@ _REQUEST_TIMEOUT = (
     b"connection: close\r\ncontent-length: 50\r\n\r\n"
     b'{"error": "the request was not sent in good time"}'
 )
+LINGER_S = 2.0  # how long a dropped client may still send before the connection closes
 
 
 def body_media_type(content_type: str | None, accepted: frozenset[str]) -> str | None:
@@ -126,6 +132,7 @@ def _deadline_protocol(h11_protocol: type) -> type:
             self._timed_cycle: Any = None
             self._body_started = 0.0
             self._body_bytes = 0
+            self._lingering = False
             super().connection_made(transport)
             self._await_headers()
 
@@ -133,7 +140,15 @@ def _deadline_protocol(h11_protocol: type) -> type:
             self._disarm()
             super().connection_lost(exc)
 
+        def eof_received(self) -> bool | None:
+            if self._lingering:  # the client has finished too
+                self.transport.close()
+                return None
+            return super().eof_received()
+
         def data_received(self, data: bytes) -> None:
+            if self._lingering:
+                return  # dropped: what a dropped client still sends is read and ignored
             if self._timed_cycle is not None:
                 self._body_bytes += len(data)
             super().data_received(data)
@@ -161,6 +176,8 @@ def _deadline_protocol(h11_protocol: type) -> type:
             self._arm(self.timeouts.header_s, self._headers_expired)
 
         def _arm(self, delay_s: float, callback: Any) -> None:
+            if self._lingering:
+                return  # the linger's own timer closes the connection
             self._disarm()
             self._deadline = self.loop.call_later(delay_s, callback)
 
@@ -186,7 +203,7 @@ def _deadline_protocol(h11_protocol: type) -> type:
             self._drop()
 
         def _drop(self) -> None:
-            if self.transport.is_closing():
+            if self.transport.is_closing() or self._lingering:
                 return
             cycle = self.cycle
             if cycle is None or not cycle.response_started:
@@ -194,6 +211,21 @@ def _deadline_protocol(h11_protocol: type) -> type:
             elif cycle.response_complete and self.conn.their_state is not h11.SEND_BODY:
                 self.transport.write(_REQUEST_TIMEOUT)  # a new request, answered in time
             # else: an answered request whose body never ended: nothing more to say
-            self.transport.close()
+            self._linger()
+
+        def _linger(self) -> None:
+            """End our side, tell a route still waiting that the client is gone, drop
+            what comes in, close after ``LINGER_S`` (module docstring)."""
+            self._lingering = True
+            self._disarm()
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
+            if not self.transport.can_write_eof():  # TLS: no half-close
+                self.transport.close()
+                return
+            self.transport.write_eof()
+            self._deadline = self.loop.call_later(LINGER_S, self.transport.close)
 
     return _DeadlineProtocol

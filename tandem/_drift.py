@@ -49,6 +49,8 @@ __all__ = ["DriftConfig", "DriftReport", "run_drift_demo"]
 Progress = Callable[[str, float], None]
 _TEST_SEED = 99  # the drifted test digits: the same images before and after the loop
 _ROLLOUT_TIMEOUT_S = 120.0
+# Two cohorts of 3: the gate's interval (Welch df about 4) can decide; 2 a side, often not.
+MIN_DRIFT_DEVICES = 6
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,8 +70,15 @@ class DriftConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.devices < 2 or not 0 < self.budget < 1 or self.collect_passes < 1:
-            raise ValueError("the drift demo needs >= 2 devices, a budget in (0, 1), >= 1 pass")
+        if self.devices < MIN_DRIFT_DEVICES:
+            raise ValueError(
+                f"the drift demo needs >= {MIN_DRIFT_DEVICES} devices (got {self.devices}): its "
+                f"rollout's agreement gate compares the devices on v2 with those on v1, and with "
+                f"fewer than {MIN_DRIFT_DEVICES // 2} a side it rarely has the evidence to pass "
+                f"a good version"
+            )
+        if not 0 < self.budget < 1 or self.collect_passes < 1:
+            raise ValueError("the drift demo needs a budget in (0, 1) and >= 1 pass")
 
 
 @dataclass

@@ -126,7 +126,10 @@ def console(tmp_path: Path) -> Iterator[Console]:
             labels = {config.device_id(i): config.device_labels(i) for i in range(DEVICES)}
             c.api("POST", "/v1/fleet/labels", json={"devices": labels})
             with FleetSimulator(config):
-                _wait(lambda: len(c.api("GET", "/v1/devices")["devices"]) == DEVICES, 60)
+                # Labelled devices are listed before they say anything: wait until each
+                # one has reported running the model (a rollout targets only those).
+                running = f"/v1/devices?model={MODEL}"
+                _wait(lambda: len(c.api("GET", running)["devices"]) == DEVICES, 60)
                 yield c
     finally:
         c.registry.close()

@@ -177,6 +177,24 @@ def test_slowloris_headers_after_a_first_request_on_a_kept_alive_connection_are_
 
 
 @pytest.mark.parametrize("server", ["hub", "cdn"])
+def test_a_dropped_client_still_sending_reads_its_408(
+    server: str, request: pytest.FixtureRequest
+) -> None:
+    """The slow client's next bytes cross the 408 on the wire (the race a slowloris
+    client meets on any loaded machine): the server's close lingers, so they cost no
+    reset, and the 408 is still there to read."""
+    url = request.getfixturevalue(f"{server}_url")
+    with socket.create_connection(_address(url), timeout=BOUND_S) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: te")
+        assert select.select([sock], [], [], BOUND_S)[0], "never dropped"  # the 408 is in
+        for _ in range(20):  # what the client had in flight
+            sock.sendall(b"p" * 1000)
+        answer = _read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
+    assert answer.endswith(b'good time"}')  # whole
+
+
+@pytest.mark.parametrize("server", ["hub", "cdn"])
 def test_a_body_trickling_below_the_minimum_rate_is_dropped(
     server: str, request: pytest.FixtureRequest
 ) -> None:

@@ -78,9 +78,13 @@ def test_every_reply_reaches_its_own_request_through_two_ingress_processes(
         what="both ingress processes' metrics",
     )
     assert served("ingress-mqtt-0") > 0 and served("ingress-mqtt-1") > 0  # the group split them
-    batches = merge_books(read_books(hub.metrics_dir)).counters
-    rows = sum(v for (n, _), v in batches.items() if n == "tandem_inference_count")
-    execs = sum(v for (n, _), v in batches.items() if n == "tandem_inference_exec_count")
+
+    def counted(name: str) -> float:  # by the executor, whose book is written on its own
+        counters = merge_books(read_books(hub.metrics_dir)).counters
+        return sum(v for (n, _), v in counters.items() if n == name)
+
+    wait_until(lambda: counted("tandem_inference_count") >= len(ids), what="the executor's book")
+    rows, execs = counted("tandem_inference_count"), counted("tandem_inference_exec_count")
     assert rows > execs  # requests from both processes shared batches in the one executor
 
 

@@ -1,4 +1,4 @@
-"""One learning loop, end to end, as a user runs it: ``tandem demo --drift`` on a small fleet.
+"""One learning loop, end to end, as a user runs it: ``tandem demo --drift`` on its default fleet.
 
 Real parts throughout: Mosquitto, the hub collecting what the devices share,
 the CDN with its rollout service, devices (``EdgeAgent`` + ``ModelUpdater`` +
@@ -18,6 +18,10 @@ from typing import Any
 
 import pytest
 
+from tandem._drift import MIN_DRIFT_DEVICES
+
+from ._cli import tandem
+
 ROOT = Path(__file__).resolve().parents[1]
 V1, V2 = "mnist-edge@1", "mnist-edge@2"
 
@@ -29,7 +33,8 @@ def test_one_loop_collects_refines_publishes_and_rolls_out_a_better_edge_model(
 ) -> None:
     out = tmp_path / "loop"
     run = subprocess.run(
-        [sys.executable, "-m", "tandem.cli", "demo", "--drift", "--devices", "4",
+        # 8 devices, the default: smaller cohorts often leave the rollout's gate undecided
+        [sys.executable, "-m", "tandem.cli", "demo", "--drift", "--devices", "8",
          "--broker", mosquitto.url, "--output", str(out)],
         cwd=ROOT,
         capture_output=True,
@@ -48,7 +53,7 @@ def test_one_loop_collects_refines_publishes_and_rolls_out_a_better_edge_model(
 
     # What the hub kept: the edge's mistakes on the drifted digits, and a sample, from all.
     collected = report["collected"]
-    assert collected["devices"] == 4
+    assert collected["devices"] == 8
     assert collected["reasons"]["disagree"] > collected["reasons"].get("sample", 0) > 0
     assert collected["rows"] == report["refine"]["examples"]["collected"]
 
@@ -67,3 +72,12 @@ def test_one_loop_collects_refines_publishes_and_rolls_out_a_better_edge_model(
     assert phases["drifted v2"]["accuracy"] > phases["drifted v1"]["accuracy"]
     assert (out / "learning_loop.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "targets" in run.stdout
+
+
+def test_too_small_a_fleet_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    out = tmp_path / "loop"
+    run = tandem("demo", "--drift", "--devices", "4", "--output", str(out))
+    assert run.returncode == 1, run.stdout + run.stderr
+    said = " ".join((run.stdout + run.stderr).split())  # rich wraps the line
+    assert f"needs >= {MIN_DRIFT_DEVICES} devices (got 4)" in said
+    assert not out.exists()  # nothing ran, nothing written
