@@ -43,9 +43,12 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._errors import UnsupportedMediaTypeError
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = [
     "BINARY_MEDIA_TYPE",
@@ -117,115 +120,126 @@ def uvicorn_options(h11_protocol: type, timeouts: HttpTimeouts | None = None) ->
     return {"http": protocol, "ws": "none", "timeout_keep_alive": timeouts.keep_alive_s}
 
 
+# uvicorn's H11Protocol at run time (``_deadline_protocol``): ``shared`` never imports it.
+_H11Protocol: Any = object
+
+
+class _Deadlines(_H11Protocol):
+    """The deadlines and the lingering drop, over uvicorn's h11 protocol (its ``cycle``,
+    ``conn``, ``transport`` and ``loop``); ``_deadline_protocol`` puts it first in the
+    MRO, so each ``super()`` call is uvicorn's."""
+
+    timeouts: HttpTimeouts
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self._deadline: asyncio.TimerHandle | None = None
+        self._timed_cycle: Any = None
+        self._body_started = 0.0
+        self._body_bytes = 0
+        self._lingering = False
+        super().connection_made(transport)
+        self._await_headers()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def eof_received(self) -> bool | None:
+        if self._lingering:  # the client has finished too
+            self.transport.close()
+            return None
+        return super().eof_received()
+
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # dropped: what a dropped client still sends is read and ignored
+        if self._timed_cycle is not None:
+            self._body_bytes += len(data)
+        super().data_received(data)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        cycle = self.cycle
+        if cycle is None or self.transport.is_closing():
+            return
+        if cycle is not self._timed_cycle and not cycle.response_complete:
+            # A new request's headers are in: the body's deadline starts now.
+            self._timed_cycle = cycle
+            self._body_started, self._body_bytes = self.loop.time(), 0
+            self._arm(self.timeouts.body_s, self._body_expired)
+        if cycle is self._timed_cycle and not cycle.more_body:
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        # Armed first: a pipelined request handled inside super() disarms it again.
+        self._timed_cycle = None
+        self._await_headers()
+        super().on_response_complete()
+
+    def _await_headers(self) -> None:
+        self._arm(self.timeouts.header_s, self._headers_expired)
+
+    def _arm(self, delay_s: float, callback: Any) -> None:
+        if self._lingering:
+            return  # the linger's own timer closes the connection
+        self._disarm()
+        self._deadline = self.loop.call_later(delay_s, callback)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _headers_expired(self) -> None:
+        self._deadline = None
+        self._drop()
+
+    def _body_expired(self) -> None:
+        self._deadline = None
+        cycle = self.cycle
+        if cycle is not self._timed_cycle or not cycle.more_body:
+            return
+        allowed = self.timeouts.body_deadline_s(self._body_bytes)
+        left = self._body_started + allowed - self.loop.time()
+        if left > 0:  # the body kept its minimum rate: it may go on
+            self._arm(left, self._body_expired)
+            return
+        self._drop()
+
+    def _drop(self) -> None:
+        if self.transport.is_closing() or self._lingering:
+            return
+        cycle = self.cycle
+        if cycle is None or not cycle.response_started:
+            self.transport.write(_REQUEST_TIMEOUT)
+        elif cycle.response_complete and self.conn.their_state is not _h11().SEND_BODY:
+            self.transport.write(_REQUEST_TIMEOUT)  # a new request, answered in time
+        # else: an answered request whose body never ended: nothing more to say
+        self._linger()
+
+    def _linger(self) -> None:
+        """End our side, tell a route still waiting that the client is gone, drop
+        what comes in, close after ``LINGER_S`` (module docstring)."""
+        self._lingering = True
+        self._disarm()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
+        if not self.transport.can_write_eof():  # TLS: no half-close
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self._deadline = self.loop.call_later(LINGER_S, self.transport.close)
+
+
+def _h11() -> Any:
+    import h11  # on first use: devices install shared without the servers' stack
+
+    return h11
+
+
 @functools.cache
 def _deadline_protocol(h11_protocol: type) -> type:
     """``h11_protocol`` with the header and body deadlines (built once per base)."""
-    import asyncio
-
-    import h11
-
-    class _DeadlineProtocol(h11_protocol):
-        timeouts: HttpTimeouts
-
-        def connection_made(self, transport: asyncio.Transport) -> None:
-            self._deadline: asyncio.TimerHandle | None = None
-            self._timed_cycle: Any = None
-            self._body_started = 0.0
-            self._body_bytes = 0
-            self._lingering = False
-            super().connection_made(transport)
-            self._await_headers()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-        def eof_received(self) -> bool | None:
-            if self._lingering:  # the client has finished too
-                self.transport.close()
-                return None
-            return super().eof_received()
-
-        def data_received(self, data: bytes) -> None:
-            if self._lingering:
-                return  # dropped: what a dropped client still sends is read and ignored
-            if self._timed_cycle is not None:
-                self._body_bytes += len(data)
-            super().data_received(data)
-
-        def handle_events(self) -> None:
-            super().handle_events()
-            cycle = self.cycle
-            if cycle is None or self.transport.is_closing():
-                return
-            if cycle is not self._timed_cycle and not cycle.response_complete:
-                # A new request's headers are in: the body's deadline starts now.
-                self._timed_cycle = cycle
-                self._body_started, self._body_bytes = self.loop.time(), 0
-                self._arm(self.timeouts.body_s, self._body_expired)
-            if cycle is self._timed_cycle and not cycle.more_body:
-                self._disarm()
-
-        def on_response_complete(self) -> None:
-            # Armed first: a pipelined request handled inside super() disarms it again.
-            self._timed_cycle = None
-            self._await_headers()
-            super().on_response_complete()
-
-        def _await_headers(self) -> None:
-            self._arm(self.timeouts.header_s, self._headers_expired)
-
-        def _arm(self, delay_s: float, callback: Any) -> None:
-            if self._lingering:
-                return  # the linger's own timer closes the connection
-            self._disarm()
-            self._deadline = self.loop.call_later(delay_s, callback)
-
-        def _disarm(self) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-                self._deadline = None
-
-        def _headers_expired(self) -> None:
-            self._deadline = None
-            self._drop()
-
-        def _body_expired(self) -> None:
-            self._deadline = None
-            cycle = self.cycle
-            if cycle is not self._timed_cycle or not cycle.more_body:
-                return
-            allowed = self.timeouts.body_deadline_s(self._body_bytes)
-            left = self._body_started + allowed - self.loop.time()
-            if left > 0:  # the body kept its minimum rate: it may go on
-                self._arm(left, self._body_expired)
-                return
-            self._drop()
-
-        def _drop(self) -> None:
-            if self.transport.is_closing() or self._lingering:
-                return
-            cycle = self.cycle
-            if cycle is None or not cycle.response_started:
-                self.transport.write(_REQUEST_TIMEOUT)
-            elif cycle.response_complete and self.conn.their_state is not h11.SEND_BODY:
-                self.transport.write(_REQUEST_TIMEOUT)  # a new request, answered in time
-            # else: an answered request whose body never ended: nothing more to say
-            self._linger()
-
-        def _linger(self) -> None:
-            """End our side, tell a route still waiting that the client is gone, drop
-            what comes in, close after ``LINGER_S`` (module docstring)."""
-            self._lingering = True
-            self._disarm()
-            cycle = self.cycle
-            if cycle is not None and not cycle.response_complete:
-                cycle.disconnected = True
-                cycle.message_event.set()
-            if not self.transport.can_write_eof():  # TLS: no half-close
-                self.transport.close()
-                return
-            self.transport.write_eof()
-            self._deadline = self.loop.call_later(LINGER_S, self.transport.close)
-
-    return _DeadlineProtocol
+    return type("_DeadlineProtocol", (_Deadlines, h11_protocol), {})

@@ -28,7 +28,7 @@ only when the model itself failed or its outputs cannot be encoded. With
 Why async routes in front of a threaded hub: an infer route awaits its
 ``ResultFuture`` without holding a thread, so as many requests as clients
 send wait in the batcher at once and batch together (with the MQTT ones:
-both call ``Hub.submit``). Bodies above ``_OFFLOAD_BYTES`` are decoded and
+both call ``Hub.submit``). Bodies above ``OFFLOAD_BYTES`` are decoded and
 encoded in a worker thread so that one large JSON body does not stall the
 loop. Every infer outcome is counted in ``hub.prometheus`` with
 ``transport="http"``.
@@ -49,26 +49,23 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol
 
 import numpy as np
 from fastapi import APIRouter, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic.json_schema import models_json_schema
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 from shared import (
     BINARY_MEDIA_TYPE,
     JSON_MEDIA_TYPE,
     ApiKeyGuard,
     ErrorCode,
-    LimitExceededError,
     Limits,
-    ProtocolError,
     TensorError,
     UnsupportedMediaTypeError,
     body_media_type,
@@ -80,12 +77,11 @@ from .._errors import (
     ExecutorError,
     HubError,
     InvalidRequestError,
-    OverloadedError,
-    error_code,
 )
 from .._link import ModelInfo
 from .._server import Hub
 from ._auth import api_key_auth
+from ._bodies import OFFLOAD_BYTES, ByteBudget, declared_length, maybe_offload, read_body
 from ._codec import (
     HEADER_LENGTH,
     InferRequest,
@@ -93,6 +89,7 @@ from ._codec import (
     encode_infer_response,
     parse_header_length,
 )
+from ._errors import describe, error_response, http_error, hub_error, validation_error
 from ._schemas import (
     ErrorResponse,
     InferenceRequest,
@@ -123,18 +120,7 @@ DEFAULT_MAX_JSON_BYTES = 16 * MiB
 DEFAULT_MAX_INFLIGHT_BYTES = 256 * MiB
 SERVER_NAME = "tandem-hub"
 EXTENSIONS = ("binary_tensor_data",)
-_OFFLOAD_BYTES = 256 * 1024
-_RETRY_AFTER_S = "1"
 _INFER_MEDIA_TYPES = frozenset({JSON_MEDIA_TYPE, BINARY_MEDIA_TYPE})
-_STATUS = {
-    ErrorCode.BAD_REQUEST: 400,
-    ErrorCode.INVALID_INPUT: 400,
-    ErrorCode.UNKNOWN_MODEL: 404,
-    ErrorCode.TOO_LARGE: 413,
-    ErrorCode.OVERLOADED: 503,
-    ErrorCode.DEADLINE_EXCEEDED: 504,
-    ErrorCode.INTERNAL: 500,
-}
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": what}
     for status, what in {
@@ -146,7 +132,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         500: "The model failed.",
     }.items()
 }
-_T = TypeVar("_T")
 
 
 class MetricsSink(Protocol):
@@ -254,9 +239,9 @@ def create_app(
         response_class=Response,
         responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format."}},
     )
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(HubError, _hub_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(HubError, hub_error)
     app.openapi = _openapi_with_protocol_schemas(app)  # type: ignore[method-assign]
     return app
 
@@ -314,7 +299,7 @@ class _InferenceApi:
         self.limits = hub.limits
         self.max_body_bytes = max_body_bytes
         self.max_json_bytes = max_json_bytes
-        self.budget = _ByteBudget(max_inflight_bytes)
+        self.budget = ByteBudget(max_inflight_bytes)
         self._big_decodes = asyncio.Semaphore(1)
 
     async def server_metadata(self) -> dict[str, Any]:
@@ -327,7 +312,7 @@ class _InferenceApi:
         if not self.backend.ready():
             waiting = [m for m in self.backend.model_names() if not self.backend.model_ready(m)]
             why = f"loading {waiting}" if waiting else "the hub is not running"
-            return _error_response(503, f"not ready: {why}")
+            return error_response(503, f"not ready: {why}")
         return {"ready": True}
 
     async def model_metadata(self, model_name: str, model_version: str | None) -> Any:
@@ -355,7 +340,7 @@ class _InferenceApi:
     async def model_ready(self, model_name: str, model_version: str | None) -> Any:
         info = self.backend.describe(model_name, model_version)
         if not self.backend.model_ready(model_name, model_version):
-            return _error_response(503, f"model {info.model}@{info.version} is not ready")
+            return error_response(503, f"model {info.model}@{info.version} is not ready")
         return {"name": info.model, "ready": True}
 
     async def infer(
@@ -369,9 +354,9 @@ class _InferenceApi:
         held = 0
         try:
             body_media_type(request.headers.get("content-type"), _INFER_MEDIA_TYPES)
-            declared = _declared_length(request, self.max_body_bytes)
+            declared = declared_length(request, self.max_body_bytes)
             held = self.budget.take(declared or 0)
-            body = await _read_body(request, self.max_body_bytes, declared)
+            body = await read_body(request, self.max_body_bytes, declared)
             held += self.budget.take(max(0, len(body) - held))
             encoding = request.headers.get("content-encoding", "identity").strip().lower()
             if encoding not in ("", "identity"):
@@ -390,7 +375,7 @@ class _InferenceApi:
                 self.backend, model_name, model_version, decoded.inputs, deadline, received
             )
             try:
-                content, json_length = await _maybe_offload(
+                content, json_length = await maybe_offload(
                     sum(a.nbytes for a in result.outputs.values()),
                     encode_infer_response,
                     result.outputs,
@@ -405,9 +390,9 @@ class _InferenceApi:
                     f"cannot encode {info.model}@{info.version}'s outputs: {e}"
                 ) from e
         except Exception as e:  # every failure becomes its status; asyncio cancellation passes
-            status, code, message = _describe(e)
+            status, code, message = describe(e)
             self.prometheus.record("http", model_name, model_version, received=received, error=code)
-            return _error_response(status, message)
+            return error_response(status, message)
         finally:
             self.budget.give(held)  # answered, refused or cancelled: its bytes are free again
         self.prometheus.record("http", model_name, model_version, received=received, result=result)
@@ -421,7 +406,7 @@ class _InferenceApi:
 
     async def _decode(self, body: bytearray, header_length: int | None) -> Any:
         """Decode; a big body in a worker thread, one big body at a time (memory stays bounded)."""
-        if len(body) <= _OFFLOAD_BYTES:
+        if len(body) <= OFFLOAD_BYTES:
             return decode_infer_request(body, header_length, limits=self.limits)
         async with self._big_decodes:
             return await run_in_threadpool(
@@ -464,64 +449,6 @@ async def _submit(
     return outcome
 
 
-# -- helpers -------------------------------------------------------------------------------
-
-
-def _declared_length(request: Request, limit: int) -> int | None:
-    """The body's Content-Length, refused (413) above ``limit``; None when not declared."""
-    declared = request.headers.get("content-length")
-    if declared is None or not declared.strip().isdigit():
-        return None
-    if int(declared) > limit:
-        raise LimitExceededError(f"a body of {declared} bytes is above the limit of {limit}")
-    return int(declared)
-
-
-async def _read_body(request: Request, limit: int, declared: int | None) -> bytearray:
-    """The body, into one buffer (no copies), refused (413) once it passes ``limit``."""
-    body = bytearray(declared or 0)
-    filled = 0
-    async for chunk in request.stream():
-        end = filled + len(chunk)
-        if end > limit:
-            raise LimitExceededError(f"the body is above the limit of {limit} bytes")
-        if end > len(body):  # longer than declared, or not declared: grow
-            body.extend(bytes(end - len(body)))
-        body[filled:end] = chunk
-        filled = end
-    del body[filled:]
-    return body
-
-
-class _ByteBudget:
-    """Bytes of request bodies held at once; ``take`` beyond the limit raises ``OverloadedError``.
-
-    Single-threaded (the event loop's): no lock.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held = 0
-
-    def take(self, n: int) -> int:
-        if n and self.held + n > self.limit:
-            raise OverloadedError(
-                f"the hub holds {self.held} bytes of requests; {n} more would pass its budget "
-                f"of {self.limit}: try again shortly"
-            )
-        self.held += n
-        return n
-
-    def give(self, n: int) -> None:
-        self.held -= n
-
-
-async def _maybe_offload(size: int, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-    if size > _OFFLOAD_BYTES:
-        return await run_in_threadpool(fn, *args, **kwargs)
-    return fn(*args, **kwargs)
-
-
 def _check_outputs(info: ModelInfo, request: InferRequest) -> None:
     """Refuse unknown requested outputs before compute, not after."""
     if request.outputs is None or not info.outputs:
@@ -533,41 +460,6 @@ def _check_outputs(info: ModelInfo, request: InferRequest) -> None:
             f"model {info.model}@{info.version} has no output {unknown[0]!r}; "
             f"it has {sorted(known)}"
         )
-
-
-def _describe(error: Exception) -> tuple[int, ErrorCode, str]:
-    """HTTP status, wire code and message for an infer failure."""
-    if isinstance(error, UnsupportedMediaTypeError):
-        return 415, ErrorCode.BAD_REQUEST, str(error)
-    if isinstance(error, ClientDisconnect):  # gone mid-body (or dropped as too slow)
-        return 400, ErrorCode.BAD_REQUEST, "the client went away before its body ended"
-    code = error_code(error)
-    if isinstance(error, HubError | ProtocolError):
-        return _STATUS[code], code, str(error) or type(error).__name__
-    log.exception("unexpected error serving an HTTP inference request", exc_info=error)
-    return 500, ErrorCode.INTERNAL, "internal server error"
-
-
-def _error_response(status: int, message: str) -> JSONResponse:
-    headers = {"Retry-After": _RETRY_AFTER_S} if status == 503 else None
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-
-async def _hub_error(_request: Request, exc: Exception) -> Response:
-    status, _code, message = _describe(exc)
-    return _error_response(status, message)
-
-
-async def _http_error(_request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, StarletteHTTPException)
-    response = _error_response(exc.status_code, str(exc.detail))
-    for key, value in (exc.headers or {}).items():
-        response.headers[key] = value
-    return response
-
-
-async def _validation_error(_request: Request, exc: Exception) -> Response:
-    return _error_response(400, f"invalid request: {exc}")
 
 
 def _server_version() -> str:
