@@ -1,6 +1,8 @@
-"""The rollout state machine: waves, gates, pause/resume, rollback, persistence.
+"""The rollout state machine: waves, commands (pause/resume/abort), rollback, persistence.
 
 Pure and fast: no broker, no clock; time is whatever ``now`` the test passes.
+The failure and health gates are tested in ``test_rollout_machine_gates``, the
+invariants under random event sequences in ``test_rollout_machine_invariants``.
 """
 
 from __future__ import annotations
@@ -10,8 +12,6 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 import model_cdn.rollout as rollout_pkg
 from model_cdn.rollout import (
@@ -19,7 +19,6 @@ from model_cdn.rollout import (
     DeviceStatus,
     Notify,
     Rollout,
-    RolloutSpec,
     RolloutState,
     RolloutStateError,
     Unassign,
@@ -29,44 +28,16 @@ from model_cdn.rollout import (
 )
 from shared import UpdateState
 
-EU = {"region": "eu", "hw": "npu"}
-
-
-def _fleet(n: int, *, others: int = 3) -> dict[str, dict[str, str]]:
-    fleet = {f"dev-{i:03d}": dict(EU) for i in range(n)}
-    fleet.update({f"us-{i}": {"region": "us", "hw": "npu"} for i in range(others)})
-    return fleet
-
-
-def _spec(waves: str = "10%,50%,all", **kw: Any) -> RolloutSpec:
-    base: dict[str, Any] = {
-        "model": "mnist",
-        "version": 2,
-        "previous_version": 1,
-        "waves": parse_waves(waves),
-        "target": {"region": "eu"},
-        "max_failure_rate": 0.1,
-        "min_reports": 1,
-        "soak_s": 60.0,
-        "device_timeout_s": 1000.0,
-    }
-    base.update(kw)
-    return RolloutSpec(**base)
-
-
-def _assigned(actions: list[Any], *, rollback: bool = False) -> list[str]:
-    return [a.device for a in actions if isinstance(a, Assign) and a.rollback == rollback]
-
-
-def _install_all(r: Rollout, devices: list[str], now: float) -> list[Any]:
-    out: list[Any] = []
-    for d in devices:
-        out += r.report(d, "installed", 2, now)
-    return out
-
-
-def _roundtrip(r: Rollout) -> Rollout:
-    return Rollout.from_dict(json.loads(json.dumps(r.to_dict())))
+from ._rollout_machine import (
+    _assigned,
+    _cohorts,
+    _fleet,
+    _gated,
+    _install_all,
+    _roundtrip,
+    _spec,
+    _Traffic,
+)
 
 
 def test_public_api_is_what_all_names() -> None:
@@ -173,220 +144,6 @@ def test_parse_waves_forms() -> None:
 def test_spec_validates_in_constructor(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         _spec(**bad)
-
-
-# ------------------------------------------------------------------ gates
-
-
-def test_failure_threshold_halts_automatically_and_holds() -> None:
-    r = Rollout(_spec("10%,all", max_failure_rate=0.1))
-    wave0 = _assigned(r.start(_fleet(100), now=0))
-    assert r.report(wave0[0], "failed", 2, 1) == []  # 1/10 is not above 0.1
-    acts = r.report(wave0[1], "rolled-back", 2, 2)  # the device undid it itself: a failure
-    assert [a.state for a in acts if isinstance(a, Notify)] == [RolloutState.HALTED]
-    assert "failure rate 2/10" in r.reason
-    _install_all(r, wave0[2:], 3)
-    assert r.tick(1000) == [] and r.wave == 0 and r.state is RolloutState.HALTED
-
-
-def test_reports_of_two_waves_at_once_count_together() -> None:
-    r = Rollout(_spec("10,20,all", max_failure_rate=0.05, min_reports=5))
-    wave0 = _assigned(r.start(_fleet(100), now=0))
-    _install_all(r, wave0[:9], 1)
-    wave1 = _assigned(r.tick(60))  # wave 0's last device has not reported yet
-    assert r.wave == 1 and len(wave1) == 10
-    # a burst: wave 0's straggler and a wave 1 device fail in the same batch
-    assert r.report(wave0[9], "failed", 2, 61) == []  # 1/20
-    r.report(wave1[0], "failed", 2, 61)  # 2/20 > 0.05
-    assert r.state is RolloutState.HALTED
-    assert r.failure_rate == pytest.approx(0.1)
-
-
-class _Traffic:
-    """Cumulative counters per device, fed to the rollout as heartbeats."""
-
-    def __init__(self, r: Rollout) -> None:
-        self.r = r
-        self.counts: dict[str, list[int]] = {}
-
-    def beat(
-        self,
-        devices: list[str],
-        version: int,
-        now: float,
-        *,
-        n: int = 100,
-        agreement: float = 0.97,
-        errors: float = 0.0,
-        offloads: float = 1.0,
-        p99: float = 10.0,
-    ) -> None:
-        for i, d in enumerate(devices):
-            c = self.counts.setdefault(d, [0, 0, 0, 0])
-            jitter = (i % 3) - 1  # devices differ a little: the variance is not zero
-            c[0] += n
-            c[1] += round(errors * n)
-            c[2] += round(offloads * n)
-            c[3] += min(n, max(0, round(agreement * n) + jitter))
-            report = {
-                "version": version,
-                "requests": c[0],
-                "errors": c[1],
-                "offloads": c[2],
-                "agreement_samples": c[0],
-                "agreed": c[3],
-                "p99_ms": p99 * (1 + 0.01 * jitter),
-            }
-            self.r.telemetry(d, report, now)
-
-
-def _gated(waves: str = "25%,all", **kw: Any) -> RolloutSpec:
-    gates: dict[str, Any] = {
-        "max_agreement_drop": 0.02,
-        "min_health_samples": 50,
-        "soak_s": 10.0,
-        "looks": 3,
-        "max_soak_s": 30.0,
-        **kw,
-    }
-    return _spec(waves, **gates)
-
-
-def _cohorts(r: Rollout) -> tuple[list[str], list[str]]:
-    book = r.health.book
-    assert book is not None
-    return book.members("new"), book.members("control")
-
-
-def test_the_control_cohort_matches_the_new_one_and_is_never_assigned() -> None:
-    fleet = {f"dev-{i:03d}": {"region": "eu", "hw": "npu" if i % 4 else "cpu"} for i in range(40)}
-    fleet.update({f"us-{i}": {"region": "us", "hw": "cpu"} for i in range(5)})
-    r = Rollout(_gated())
-    wave0 = _assigned(r.start(fleet, now=0))
-    new, control = _cohorts(r)
-    assert sorted(new) == sorted(wave0) and len(control) == len(new) == 10
-    assert not set(control) & set(r.devices)  # kept on the previous version
-    assert Counter(fleet[d]["hw"] for d in control) == Counter(fleet[d]["hw"] for d in new)
-    assert all(fleet[d]["region"] == "eu" for d in control)  # the rest of the target first
-    r.check_invariants()
-
-
-def test_health_gate_halts_when_agreement_drops_beyond_margin() -> None:
-    r = Rollout(_gated())
-    t = _Traffic(r)
-    _install_all(r, _assigned(r.start(_fleet(40), now=0)), 1)
-    new, control = _cohorts(r)
-    assert r.tick(5) == [] and r.health.state == "waiting"  # before the first look
-    for now in range(2, 11):
-        t.beat(new, 2, now, agreement=0.80)
-        t.beat(control, 1, now, agreement=0.97)
-    [halt] = r.tick(10)
-    assert isinstance(halt, Notify) and halt.state is RolloutState.HALTED
-    assert halt.reason.startswith("health gate: agreement drop")
-    assert "10 vs 10 devices" in halt.reason
-    [j] = r.health.judgements
-    assert j["verdict"] == "fail" and j["lower"] > 0.02
-    assert r.tick(200) == [] and r.wave == 0
-
-
-def test_health_within_margin_lets_the_wave_advance_at_a_look() -> None:
-    r = Rollout(_gated(max_p99_latency_ratio=1.5))
-    t = _Traffic(r)
-    _install_all(r, _assigned(r.start(_fleet(40), now=0)), 1)
-    new, control = _cohorts(r)
-    for now in range(2, 11):
-        t.beat(new, 2, now, agreement=0.965, p99=11.0)
-        t.beat(control, 1, now, agreement=0.97, p99=10.0)
-        t.beat(["us-0"], 7, now, agreement=0.1)  # another version, another device: not ours
-    assert len(_assigned(r.tick(10))) == 30
-    assert r.health.looks_done == 0  # the next wave's looks begin afresh
-
-
-@pytest.mark.parametrize(
-    ("gate", "old", "new"),
-    [
-        ({"max_error_rate_increase": 0.01}, {"errors": 0.01}, {"errors": 0.2}),
-        ({"max_p99_latency_ratio": 1.2}, {"p99": 10.0}, {"p99": 20.0}),
-        ({"max_offload_rate_increase": 0.05}, {"offloads": 0.1}, {"offloads": 0.5}),
-    ],
-)
-def test_each_health_gate_halts(
-    gate: dict[str, Any], old: dict[str, float], new: dict[str, float]
-) -> None:
-    r = Rollout(_gated(**{"max_agreement_drop": None, **gate}))
-    t = _Traffic(r)
-    _install_all(r, _assigned(r.start(_fleet(40), now=0)), 1)
-    new_devices, control = _cohorts(r)
-    for now in range(2, 11):
-        t.beat(new_devices, 2, now, **new)
-        t.beat(control, 1, now, **old)
-    r.tick(10)
-    assert r.state is RolloutState.HALTED and r.reason.startswith("health gate"), r.reason
-
-
-def test_a_wave_still_inconclusive_at_its_last_look_halts() -> None:
-    r = Rollout(_gated(min_health_samples=10**6))
-    t = _Traffic(r)
-    _install_all(r, _assigned(r.start(_fleet(40), now=0)), 1)
-    new, control = _cohorts(r)
-    for now in (10, 20):
-        t.beat(new, 2, now)
-        t.beat(control, 1, now)
-        assert r.tick(now) == []
-        assert any("health inconclusive" in w for w in r.waiting(now))
-    [halt] = r.tick(30)
-    assert halt.state is RolloutState.HALTED
-    assert halt.reason.startswith("health gate inconclusive after 3 looks")
-
-
-def test_telemetry_naming_another_version_than_expected_is_not_evidence() -> None:
-    r = Rollout(_gated())
-    t = _Traffic(r)
-    _install_all(r, _assigned(r.start(_fleet(40), now=0)), 1)
-    new, control = _cohorts(r)
-    for now in range(2, 11):
-        t.beat(control, 2, now, agreement=0.5)  # controls claiming the new version
-        t.beat(new, 1, now, agreement=0.5)  # and new ones claiming the old
-    assert r.tick(10) == []
-    [j] = r.health.judgements
-    assert j["new"]["devices"] == j["control"]["devices"] == 0
-    assert r.health.view()["mismatched_reports"] == 2 * 10 * 9
-
-
-def test_resume_waives_the_health_of_the_halted_wave_only() -> None:
-    r = Rollout(_gated("10%,50%,all"))
-    t = _Traffic(r)
-    _install_all(r, _assigned(r.start(_fleet(40), now=0)), 1)
-    new, control = _cohorts(r)
-    for now in range(2, 11):
-        t.beat(new, 2, now, agreement=0.8)
-        t.beat(control, 1, now)
-    r.tick(10)
-    assert r.state is RolloutState.HALTED
-    r.resume(11)  # the operator accepts the drop
-    wave1 = _assigned(r.tick(12))
-    assert len(wave1) == 16 and r.health.state == "waiting"  # the next wave is judged again
-    _install_all(r, wave1, 13)
-    new, control = _cohorts(r)
-    for now in range(14, 23):
-        t.beat(new, 2, now, agreement=0.8)
-        t.beat(control, 1, now)
-    r.tick(22)
-    assert r.state is RolloutState.HALTED and r.wave == 1
-
-
-def test_device_timeout_counts_as_failure() -> None:
-    r = Rollout(_spec("10%,all", device_timeout_s=100.0, soak_s=1e6, max_failure_rate=0.0))
-    wave0 = _assigned(r.start(_fleet(20), now=0))
-    r.report(wave0[0], "installed", 2, 5)
-    r.report(wave0[1], "downloading", 2, 5)  # progress is not a final report
-    assert r.tick(99.9) == []
-    acts = r.tick(100)
-    assert r.devices[wave0[1]].status is DeviceStatus.TIMED_OUT
-    assert acts == [Notify(RolloutState.HALTED, 0, "failure rate 1/2 above 0")]
-    # a late report replaces the timeout
-    r.report(wave0[1], "installed", 2, 150)
-    assert r.devices[wave0[1]].status is DeviceStatus.INSTALLED and r.failed == 0
 
 
 # ------------------------------------------------------- messy input, joins
@@ -578,130 +335,3 @@ def test_update_states_are_members_and_their_wire_values_mean_the_same() -> None
     assert by_member.report(wave0[0], "warming-up", 2, 9) == []
     # snapshots hold plain strings only: JSON as they are
     assert json.loads(json.dumps(by_member.to_dict())) == by_member.to_dict()
-
-
-# ----------------------------------------------------- property: invariants
-
-_N = 12
-_DEVICES = [f"dev-{i:03d}" for i in range(_N + 4)] + ["us-0", "stranger"]
-_TERMINAL_EXITS = {
-    # rollback() of a rollout that assigned nothing is rolled back at once
-    RolloutState.COMPLETED: {RolloutState.ROLLING_BACK, RolloutState.ROLLED_BACK},
-    RolloutState.ABORTED: {RolloutState.ROLLING_BACK, RolloutState.ROLLED_BACK},
-    RolloutState.ROLLED_BACK: set(),
-}
-
-# A device is a name (maybe a stranger) or, more often, an index into the rollout's own devices.
-_report = st.tuples(
-    st.just("report"),
-    st.sampled_from([*_DEVICES, *range(24)]).flatmap(
-        lambda d: st.integers(0, 40) if isinstance(d, int) else st.just(d)
-    ),
-    st.sampled_from(
-        [UpdateState.INSTALLED] * 4
-        + [UpdateState.FAILED, UpdateState.ROLLED_BACK, UpdateState.DOWNLOADING, "installed"]
-    ),
-    st.sampled_from([2, 2, 2, 2, 1, 7]),
-)
-_tick = st.tuples(st.just("tick"))
-# Reports and ticks are drawn more often than commands so that runs get past wave 0.
-_health = st.tuples(
-    st.just("beat"), st.integers(0, 40), st.sampled_from([1, 2]), st.integers(0, 30)
-)
-_command = st.sampled_from(["start", "pause", "resume", "abort", "rollback"]).map(lambda c: (c,))
-_join = st.tuples(st.just("join"), st.sampled_from(_DEVICES), st.booleans())
-# Reports and ticks are drawn far more often than commands so that runs get past wave 0.
-_event = st.sampled_from(
-    [*[_report] * 10, *[_tick] * 5, _health, _health, _join, _command]
-).flatmap(lambda s: s)
-_step = st.tuples(_event, st.floats(-2, 8))  # negative: an out-of-order timestamp
-
-
-def _prop_spec() -> RolloutSpec:
-    return _spec(
-        "2,50%,all",
-        max_failure_rate=0.5,
-        min_reports=2,
-        soak_s=10.0,
-        device_timeout_s=60.0,
-        max_agreement_drop=0.05,
-        min_health_samples=5,
-        looks=3,
-        max_soak_s=30.0,
-    )
-
-
-def _resolve(r: Rollout, event: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Turn a device index into the name of one of the rollout's devices (or a stranger)."""
-    if event[0] == "report" and isinstance(event[1], int):
-        names = list(r.devices)
-        return (event[0], names[event[1] % len(names)] if names else "stranger", *event[2:])
-    return event
-
-
-def _apply(r: Rollout, event: tuple[Any, ...], now: float) -> Any:
-    kind = event[0]
-    try:
-        if kind == "start":
-            return r.start(_fleet(_N, others=1), now)
-        if kind == "join":
-            return r.device_joined(event[1], {"region": "eu" if event[2] else "us"}, now)
-        if kind == "report":
-            return r.report(event[1], event[2], event[3], now)
-        if kind == "beat":
-            names = sorted(r.labels)
-            device = names[event[1] % len(names)] if names else "stranger"
-            report = {"version": event[2], "requests": event[3], "offloads": event[3]}
-            report.update(agreement_samples=event[3], agreed=event[3] * 9 // 10)
-            return r.telemetry(device, report, now)
-        if kind == "tick":
-            return r.tick(now)
-        if kind in ("pause", "abort"):
-            return getattr(r, kind)()
-        return getattr(r, kind)(now)
-    except RolloutStateError as e:
-        return f"refused: {e}"
-
-
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(steps=st.lists(_step, max_size=80), split=st.integers(0, 80), begin=st.booleans())
-def test_invariants_hold_and_snapshots_resume_identically(
-    steps: list[tuple[tuple[Any, ...], float]], split: int, begin: bool
-) -> None:
-    if begin:
-        steps = [(("start",), 0.0), *steps]
-    a = Rollout(_prop_spec())
-    b: Rollout | None = None
-    now = 0.0
-    new_assigns: Counter[str] = Counter()
-    back_assigns: Counter[str] = Counter()
-    for i, (event, dt) in enumerate(steps):
-        if i == split:
-            b = _roundtrip(a)
-            assert b.to_dict() == a.to_dict()
-        now += dt
-        event = _resolve(a, event)
-        before, wave_before = a.state, a.wave
-        out = _apply(a, event, now)
-        if b is not None:
-            assert _apply(b, event, now) == out
-        if isinstance(out, list):
-            for act in out:
-                if isinstance(act, Assign):
-                    (back_assigns if act.rollback else new_assigns)[act.device] += 1
-        a.check_invariants()
-        assert set(new_assigns.values()) <= {1} and set(back_assigns.values()) <= {1}
-        # the wave only moves forward, and only on tick while running
-        assert a.wave >= wave_before
-        if a.wave > wave_before and before is not RolloutState.PENDING:
-            assert event[0] == "tick" and before is RolloutState.RUNNING
-        # halted and paused leave only via resume, abort or rollback
-        if before in (RolloutState.HALTED, RolloutState.PAUSED) and a.state is RolloutState.RUNNING:
-            assert event[0] == "resume"
-        if before in _TERMINAL_EXITS and a.state is not before:
-            assert a.state in _TERMINAL_EXITS[before] and event[0] == "rollback"
-        if a.state is RolloutState.ROLLED_BACK:
-            assert set(back_assigns) == set(new_assigns)
-        assert json.loads(json.dumps(a.to_dict())) == a.to_dict()
-    if b is not None:
-        assert b.to_dict() == a.to_dict()
