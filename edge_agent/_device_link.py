@@ -38,7 +38,6 @@ from shared import (
     MqttSettings,
     PahoSession,
     PublishHandle,
-    Topics,
     device_client_id,
 )
 
@@ -52,12 +51,9 @@ _CLOSE_S = 2.0  # the last close waits this long for the broker to acknowledge Q
 class DeviceLink:
     """One device's MQTT connection (see the module docstring)."""
 
-    def __init__(
-        self, settings: MqttSettings, device_id: str, *, topics: Topics | None = None
-    ) -> None:
+    def __init__(self, settings: MqttSettings, device_id: str) -> None:
         self.settings = settings
         self.device_id = device_id
-        self.topics = topics or Topics()
         self.session = PahoSession(
             settings,
             device_client_id(device_id),

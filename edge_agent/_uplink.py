@@ -89,7 +89,7 @@ class MqttUplink:
         self.transfer = transfer or TransferOptions()
         self.limits = limits or Limits()
         self.reply_topic = self.topics.reply(device_id)
-        self.link = link or DeviceLink(settings, device_id, topics=self.topics)
+        self.link = link or DeviceLink(settings, device_id)
         self.stats = UplinkStats()
         self._pending: dict[str, Future[Message]] = {}
         self._lock = threading.Lock()

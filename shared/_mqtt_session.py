@@ -130,6 +130,8 @@ class ConnectFailure:
 class PublishHandle(ABC):
     """A queued publish: ``wait`` for the broker's acknowledgement (QoS 1) or the send (QoS 0)."""
 
+    __slots__ = ()  # one per message: the implementations' slots keep them small
+
     offline: bool = False  # published while disconnected (QoS 1: sent after the reconnect)
 
     @abstractmethod
@@ -273,9 +275,10 @@ class MqttSession(ABC):
         first_of_streak = self.connect_failure is None
         self.connect_failure = failure
         self._answered.set()
-        level = logging.WARNING if self.connects and first_of_streak else logging.DEBUG
-        if not self.connects and first_of_streak:
-            level = logging.INFO
+        if not first_of_streak:
+            level = logging.DEBUG
+        else:
+            level = logging.WARNING if self.connects else logging.INFO
         log.log(level, "%s; retrying (%s)", failure.explain(self.settings.url), self.client_id)
 
     def _connection_changed(self, up: bool) -> None:

@@ -136,7 +136,6 @@ class ModelUpdater:
         self._step_hook = step_hook
         self._lock = threading.Lock()  # one update at a time
         self._wake = threading.Event()
-        self._connected = threading.Event()
         self._pending: bytes | None = None  # the newest assignment from MQTT, not yet taken
         self._pending_lock = threading.Lock()
         self._settled: dict[str, None] = {}  # ordered set of documents with a final outcome
@@ -195,7 +194,6 @@ class ModelUpdater:
         if thread is not None:
             thread.join(timeout_s)
         self._leave_link()
-        self._connected.clear()
 
     def __enter__(self) -> ModelUpdater:
         return self.start()
@@ -236,7 +234,7 @@ class ModelUpdater:
                 self._process(raw, force=False)
                 continue
             now = time.monotonic()
-            connected = self._connected.is_set()
+            connected = self._mqtt_up
             if not connected and now >= next_poll:
                 next_poll = now + self.poll_interval_s
                 self._poll()
@@ -256,9 +254,10 @@ class ModelUpdater:
     def _poll(self) -> None:
         self.stats.polls += 1
         link = self.link
-        if link is not None and link.connect_failure is not None and not self._said_why:
+        failure = link.connect_failure if link is not None and not self._said_why else None
+        if link is not None and failure is not None:  # read once: the network thread clears it
             self._said_why = True  # once per outage
-            why = link.connect_failure.explain(link.settings.url)
+            why = failure.explain(link.settings.url)
             log.warning("updater: %s; polling the CDN for assignments", why)
         try:
             raw = self._cdn.fetch_document(self._cdn.assignment_url(self.device_id, self.model))
@@ -384,25 +383,28 @@ class ModelUpdater:
         self._listening = True
         link.watch(self._on_connection)
         link.listen(self.topics.assign(self.device_id), self._on_assignment)
-        if link.open():  # already connected (the agent's link): no callback will say so
-            self._connected.set()
+        link.open()
 
     def _leave_link(self) -> None:
         link = self.link
         if link is None or not self._listening:
             return
         self._listening = False
-        self._said_why = False  # why MQTT is down was logged (once per outage)
+        self._said_why = False
         link.unlisten(self.topics.assign(self.device_id))
         link.unwatch(self._on_connection)
         link.close()
 
+    @property
+    def _mqtt_up(self) -> bool:
+        """Whether assignments come over MQTT now (else the worker polls the CDN)."""
+        link = self.link
+        return self._listening and link is not None and link.connected
+
     def _on_connection(self, up: bool) -> None:
         if up:
             self._said_why = False
-            self._connected.set()
         else:
-            self._connected.clear()
             self._wake.set()  # polling takes over
 
     def _on_assignment(self, message: InboundMessage) -> None:
