@@ -111,7 +111,7 @@ def _mnist() -> tuple[Dataset, Dataset]:
 
     edge, cloud = models.edge_int8_onnx, models.cloud_onnx
     cal = splits.calibration_images
-    edge_cal, cloud_cal = run(edge, cal), run(cloud, cal)
+    edge_cal, cloud_cal, cal_flat = run(edge, cal), run(cloud, cal), _flat(cal)
     folds = mnist_out_of_fold(splits, run(cloud, splits.train_images))
     upright = Trial(
         edge_cal,
@@ -121,7 +121,7 @@ def _mnist() -> tuple[Dataset, Dataset]:
         run(cloud, splits.test_images),
         splits.test_labels,
         folds,
-        _flat(cal),
+        cal_flat,
         _flat(splits.test_images),
     )
     turned = _rotate(splits.test_images, seed=1)
@@ -133,7 +133,7 @@ def _mnist() -> tuple[Dataset, Dataset]:
         run(cloud, turned),
         splits.test_labels,
         folds,
-        _flat(cal),
+        cal_flat,
         _flat(turned),
     )
     edge_text = "INT8 CNN, 4.4k parameters (the demo's)"

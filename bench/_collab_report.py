@@ -128,7 +128,7 @@ def _learned_target(figures: list[DatasetFigures]) -> dict[str, Any]:
         for name in LEARNED
         if name != "learned"
     )
-    row_values = [100.0 / max(f.gap * f.dataset.test_rows, 1.0) for f in figures]
+    row_values = [_row_points(f) for f in figures]
     row_points = f"{min(row_values):.1f} to {max(row_values):.1f}"
     rows = ", ".join(
         f"{f.dataset.name} {_router_rows(f)}" for f in figures if f.dataset.trials[0].folds
@@ -164,22 +164,21 @@ def _learned_target(figures: list[DatasetFigures]) -> dict[str, Any]:
 
 def _moments_effect(figures: list[DatasetFigures]) -> str:
     """What the image moments did: the router with them minus the one without, per stream."""
-    effect = {
-        f.dataset.name: f.paired_points("learned", "learned (outputs only)")[0]
-        for f in figures
-        if f.dataset.trials[0].inputs_test is not None
-    }
-    if not effect:
+    images = [f for f in figures if f.dataset.trials[0].inputs_test is not None]
+    if not images:
         return ""
-    worst = min(effect, key=effect.__getitem__)
+    effect = {
+        f.dataset.name: f.paired_points("learned", "learned (outputs only)")[0] for f in images
+    }
+    worst = min(images, key=lambda f: effect[f.dataset.name]).dataset
     return (
         "The image moments moved the image streams by "
         + ", ".join(f"{n} {d:+.1f}" for n, d in effect.items())
-        + f" points; on {worst} the most"
+        + f" points; on {worst.name} the most"
         + (
             ", whose digits are shaped as no calibration digit is: input features expose a "
             "router to a shifted input."
-            if next(f for f in figures if f.dataset.name == worst).dataset.shifted
+            if worst.shifted
             else "."
         )
     )
@@ -333,8 +332,13 @@ def _noise(f: DatasetFigures) -> str:
     gap_rows = f.gap * f.dataset.test_rows
     return (
         f"sampling noise: the gap is {gap_rows:.0f} rows over {f.dataset.test_rows}, so one row "
-        f"moves the figure by {100.0 / max(gap_rows, 1):.1f} points"
+        f"moves the figure by {_row_points(f):.1f} points"
     )
+
+
+def _row_points(f: DatasetFigures) -> float:
+    """Points of gap recovered that one test row is worth."""
+    return 100.0 / max(f.gap * f.dataset.test_rows, 1.0)
 
 
 def _notes(figures: list[DatasetFigures], budget: float) -> list[str]:

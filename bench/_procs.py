@@ -41,6 +41,7 @@ __all__ = [
     "hub_processes",
     "mosquitto_version",
     "pss_bytes",
+    "tree_cpu_ns",
     "wait_http_ok",
     "write_model",
 ]

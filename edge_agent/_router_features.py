@@ -61,7 +61,7 @@ def output_features(probs: np.ndarray, features: FeatureSet = "basic") -> np.nda
         out[rows, 4 + order[:, 0]] = 1.0
         return out
     top = min(_TOP, k)
-    out[:, 4 : 4 + top] = np.log(np.take_along_axis(p, order[:, :top], axis=1))
+    out[:, 4 : 4 + top] = np.log(p[rows[:, None], order[:, :top]])  # as take_along_axis, µs less
     winner = 4 + top
     out[rows, winner + order[:, 0]] = 1.0
     if k >= 2:

@@ -50,13 +50,15 @@ def choose_l2(x: np.ndarray, y: np.ndarray, grid: tuple[float, ...] = L2_GRID) -
     used = 0
     for k in range(_FOLDS):
         train, held = fold != k, fold == k
-        if y[train].min() == y[train].max() or not held.any():
+        x_train, y_train = x[train], y[train]
+        if y_train.min() == y_train.max() or not held.any():
             continue
         used += 1
+        mean, scale = standardize(x_train)  # once per fold: the grid shares it
+        z_train, z_held = (x_train - mean) / scale, (x[held] - mean) / scale
         for i, l2 in enumerate(grid):
-            weights, bias, (mean, scale) = fit_logistic(x[train], y[train], l2)
-            z = ((x[held] - mean) / scale) @ weights + bias
-            totals[i] += _log_likelihood(z, y[held])
+            weights, bias = _newton(z_train, y_train, l2, _ITERATIONS)
+            totals[i] += _log_likelihood(z_held @ weights + bias, y[held])
     if used == 0:
         return _FALLBACK_L2
     return float(grid[int(np.argmax(totals))])
