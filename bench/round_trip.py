@@ -52,6 +52,7 @@ from ._procs import (
     EchoProcess,
     HubProcess,
     PlainServerProcess,
+    cpu_ns,
     tree_cpu_ns,
     write_model,
 )
@@ -341,6 +342,12 @@ def _block(fn: Callable[[], None], calls: int, limit_s: float) -> np.ndarray:
     return out[:n] / 1e6
 
 
+def _cpu_of(role: str, pid: int) -> int:
+    """The hub's CPU with its processes' (supervisor, ingress, executors); any other
+    role's alone: the requester is the parent of every other process here."""
+    return tree_cpu_ns(pid) if role == "hub" else cpu_ns(pid)
+
+
 def _interleaved(variants: dict[str, Callable[[], None]], pids: dict[str, int]) -> dict[str, Any]:
     """Rounds of one block per variant, order rotating; also CPU used per call, by process."""
     names = list(variants)
@@ -350,10 +357,10 @@ def _interleaved(variants: dict[str, Callable[[], None]], pids: dict[str, int]) 
     for r in range(ROUNDS):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            before = {k: tree_cpu_ns(pid) for k, pid in pids.items()}
+            before = {k: _cpu_of(k, pid) for k, pid in pids.items()}
             block = _block(variants[name], BLOCK, BLOCK_S)
             for k, pid in pids.items():
-                cpu[name][k] += tree_cpu_ns(pid) - before[k]
+                cpu[name][k] += _cpu_of(k, pid) - before[k]
             samples[name].extend(block.tolist())
             medians[name].append(float(np.median(block)))
     cpu_us = {n: {k: v / 1e3 / len(samples[n]) for k, v in per.items()} for n, per in cpu.items()}
