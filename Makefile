@@ -40,13 +40,24 @@ broker:
 redis:
 	@bash scripts/ensure-redis
 
+# The registry tests run on PostgreSQL too (and the kill -9 leader failover needs it): this
+# starts it on 127.0.0.1:5432 (or installs it with apt-get) when nothing listens there.
+.PHONY: postgres chromium
+postgres:
+	@bash scripts/ensure-postgres
+
+# The fleet console's tests drive Debian's headless Chromium: installed here, not at test time.
+chromium:
+	@bash scripts/ensure-chromium
+
 # The whole check, as CI runs it: ruff, mypy, then pytest (PYTEST_ARGS go to pytest).
-test: $(VENV)/.dev-installed broker redis
+# Under CI=true a test whose PostgreSQL, Redis or browser is missing fails instead of skipping.
+test: $(VENV)/.dev-installed broker redis postgres chromium
 	VENV=$(VENV) bash scripts/check $(PYTEST_ARGS)
 
 check: test
 
-# Every benchmark part (about 8 minutes); one part: make bench BENCH_ARGS=round-trip
+# Every benchmark part (about 12 minutes); one part: make bench BENCH_ARGS=round-trip
 bench: $(VENV)/.dev-installed broker
 	@bash scripts/ensure-nginx
 	$(PY) -m bench $(BENCH_ARGS)

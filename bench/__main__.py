@@ -19,6 +19,8 @@ PARTS = {
     "distribution": "bench.distribution",  # (e)
     "rollout-gates": "bench.rollout_gates",  # (f)
     "learning-loop": "bench.learning_loop",  # (g)
+    "language-models": "bench.language_models",  # (h1): a cold build of the LLM pair, ~4 min
+    "hub-generate": "bench.hub_generate",  # (h2): the hub's engine over HTTP, kept KV caches
 }
 
 

@@ -58,8 +58,8 @@ _MB = 1e6
 
 def blob_serving(work: Path) -> dict[str, Any]:
     """Throughput rounds, nginx's version and the CDN's profile; or ``{"skipped": why}``."""
-    from model_cdn.http._blobs import BLOB_FILE_CHUNK_BYTES
-    from model_cdn.store import LocalBlobStore
+    from model_cdn.http import BLOB_FILE_CHUNK_BYTES
+    from shared.server.store import LocalBlobStore
 
     nginx = shutil.which("nginx") or next(
         (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)), None

@@ -92,8 +92,8 @@ def load_datasets() -> list[Dataset]:
 def _mnist() -> tuple[Dataset, Dataset]:
     import onnxruntime as ort
 
-    from tandem._data import load_digit_splits
-    from tandem._training import build_demo_models
+    from tandem.demo.data import load_digit_splits
+    from tandem.demo.models import build_demo_models
 
     models = build_demo_models()
     recipe = models.report.get("recipe", {})

@@ -225,7 +225,7 @@ def _curves(
     edge_right: np.ndarray,
     cloud_right: np.ndarray,
 ) -> dict[str, np.ndarray]:
-    from tandem._sweep import accuracy_curve, sweep
+    from tandem.demo import accuracy_curve, sweep
 
     curves = sweep(trial.edge_test, trial.cloud_test, trial.labels_test)
     order = np.argsort(-_test_scores(router, trial, kind), kind="stable")

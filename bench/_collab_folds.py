@@ -10,7 +10,7 @@ every training row gets an output from a model that never trained on it.
 The test rows are never touched.
 
 * scikit-learn sets: ``cross_val_predict`` of both recipes (5 stratified folds);
-* MNIST: the demo's edge recipe (``tandem._training``) retrained in torch, in
+* MNIST: the demo's edge recipe (``tandem.demo.models``) retrained in torch, in
   float (the deployed edge is its INT8 export, which answers as the float
   model does on nearly every row), a few seconds on a CPU; the cloud's
   outputs on these rows are its in-sample ones (the ``gain`` target needs
@@ -69,7 +69,7 @@ def mnist_out_of_fold(splits: Any, cloud_outputs: np.ndarray) -> RouterRows:
     """The demo's edge recipe cross-fitted on the MNIST training digits (logits)."""
     import torch
 
-    from tandem._training import TrainingRecipe, _edge_net, _train
+    from tandem.demo.models import TrainingRecipe, edge_net, train_net
 
     recipe = TrainingRecipe()
     images, labels = np.asarray(splits.train_images), np.asarray(splits.train_labels)
@@ -84,7 +84,7 @@ def mnist_out_of_fold(splits: Any, cloud_outputs: np.ndarray) -> RouterRows:
                 part = dataclasses.replace(
                     splits, train_images=images[~held], train_labels=labels[~held]
                 )
-                model = _train(_edge_net, part, recipe, "edge", torch.device("cpu"), _quiet)
+                model = train_net(edge_net, part, recipe, "edge", torch.device("cpu"), _quiet)
                 with torch.no_grad():
                     out[held] = model(torch.from_numpy(images[held])).numpy()
         finally:

@@ -88,7 +88,7 @@ class _MqttLoad:
             encode_message(
                 Message(
                     kind="request",
-                    request_id=str(slot),
+                    request_id=_slot_id(slot, 0),
                     model=model,
                     timeout_ms=self.timeout_ms,
                     device_id=self.devices[slot % k],
@@ -97,6 +97,8 @@ class _MqttLoad:
             )
             for slot in range(n)
         ]
+        self._id_at = [f.index(_slot_id(s, 0).encode()) for s, f in enumerate(self._frames)]
+        self._resent = [0] * n
         self._sent = [0.0] * n
         self._answered = [0] * k
         self._errors = [0] * k
@@ -124,7 +126,7 @@ class _MqttLoad:
 
         now = time.perf_counter()
         header = decode_header(payload)
-        slot = int(header["id"])
+        slot = int(header["id"].split(".", 1)[0])
         clock, window = self._clock, self._window
         if clock is None or window is None:
             return  # a late reply after a run that timed out
@@ -138,10 +140,22 @@ class _MqttLoad:
                 window.latencies_ms.append((now - self._sent[slot]) * 1000.0)
         if clock.running:
             self._sent[slot] = time.perf_counter()
-            self._publish(k, self._slot_topics[slot], self._frames[slot])
+            self._publish(k, self._slot_topics[slot], self._fresh(slot))
         else:
             with self._lock:
                 self._outstanding -= 1
+
+    def _fresh(self, slot: int) -> bytes:
+        """The slot's frame with a new request id: a hub computes a (device, id) once."""
+        self._resent[slot] += 1
+        frame, at = self._frames[slot], self._id_at[slot]
+        fresh = _slot_id(slot, self._resent[slot]).encode()
+        return frame[:at] + fresh + frame[at + len(fresh) :]
+
+
+def _slot_id(slot: int, sent: int) -> str:
+    """A request id of fixed width: its slot, then how many times the slot was sent before."""
+    return f"{slot:08d}.{sent:012d}"
 
 
 class PahoMqttLoad(_MqttLoad):

@@ -93,7 +93,7 @@ def pss_bytes(pid: int) -> int:
 def hub_processes(pid: int) -> dict[str, list[int]]:
     """A hub's processes by role: ``supervisor`` (``pid``), ``executor 0``, ``mqtt 1``, ``http 0``.
 
-    The roles come from each child's command line (``-m cloud_hub._plane_main
+    The roles come from each child's command line (``-m cloud_hub.plane._child
     ROLE INDEX``); a child of another kind keeps its PID as its label.
     """
     found = {"supervisor": [pid]}
@@ -103,7 +103,7 @@ def hub_processes(pid: int) -> dict[str, list[int]]:
         except OSError:  # it ended meanwhile
             continue
         words = [a.decode(errors="replace") for a in args if a]
-        if "cloud_hub._plane_main" in words[:-2]:
+        if "cloud_hub.plane._child" in words[:-2]:
             found[" ".join(words[-2:])] = [child]
         else:
             found[f"pid {child}"] = [child]

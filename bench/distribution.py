@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import torch
 
     from shared import SigningKey
-    from tandem._data import DigitSplits
+    from tandem.demo.data import DigitSplits
 
 __all__ = ["run"]
 
@@ -78,12 +78,11 @@ def run() -> dict[str, Any]:
 
 def _update_sizes(work: Path, key: SigningKey) -> dict[str, Any]:
     from model_cdn.publish import publish_model
-    from model_cdn.registry import SqliteRegistry
-    from model_cdn.registry._rows import dump_document
-    from model_cdn.store import LocalBlobStore
+    from model_cdn.registry import SqliteRegistry, dump_document
     from shared import compress_blob, decompress_blob, encode_sample, make_delta
-    from tandem._data import load_digit_splits
-    from tandem._training import build_demo_models
+    from shared.server.store import LocalBlobStore
+    from tandem.demo.data import load_digit_splits
+    from tandem.demo.models import build_demo_models
 
     models = build_demo_models()
     recipe = models.report.get("recipe", {})

@@ -46,8 +46,8 @@ def run() -> dict[str, Any]:
     import onnxruntime as ort
 
     from edge_agent import EdgeAgent, OffloadPolicy
-    from tandem._data import load_digit_splits
-    from tandem._training import build_demo_models
+    from tandem.demo.data import load_digit_splits
+    from tandem.demo.models import build_demo_models
 
     model = build_demo_models().edge_int8_onnx
     image = np.ascontiguousarray(load_digit_splits().test_images[:1])

@@ -63,7 +63,7 @@ def cpu_load(processes: int, seconds: float) -> Iterator[None]:
 
 def lateness(broker_url: str, images: np.ndarray, calls: int, deadline_ms: float) -> list[str]:
     from edge_agent import EdgeAgent, OffloadPolicy, Source
-    from tandem._training import build_demo_models
+    from tandem.demo.models import build_demo_models
 
     models = build_demo_models()
     rows = []
@@ -100,7 +100,7 @@ def lateness(broker_url: str, images: np.ndarray, calls: int, deadline_ms: float
 
 def resume_after_freeze(workdir: Path, images: np.ndarray, freeze_s: float) -> str:
     from edge_agent import EdgeAgent, OffloadPolicy, Source
-    from tandem._training import HUB_MODEL_CONFIG, build_demo_models
+    from tandem.demo.models import HUB_MODEL_CONFIG, build_demo_models
 
     models = build_demo_models()
     repo = workdir / "repo"
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--freeze-s", type=float, default=10.0)
     parser.add_argument("--skip-freeze", action="store_true")
     args = parser.parse_args(argv)
-    from tandem._data import load_digit_splits
+    from tandem.demo.data import load_digit_splits
 
     images = np.ascontiguousarray(load_digit_splits().test_images)
     with tempfile.TemporaryDirectory(prefix="tandem-fallback-") as tmp:

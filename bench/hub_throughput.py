@@ -1,6 +1,6 @@
 """(c) Hub throughput under dynamic batching: the multi-process hub against its bounds.
 
-Two models. The demo's cloud CNN (``tandem._training``, cached in
+Two models. The demo's cloud CNN (``tandem.demo.models``, cached in
 ``~/.cache/tandem``; built through the demo's own code path if missing,
 which takes minutes once) is tiny: ~50 µs per sample, so the hub's own
 per-request work sets its throughput. The heavier CNN of
@@ -104,7 +104,7 @@ _PAHO_HUB = "bench/paho-hub"  # the topic prefix of the hub whose ingress uses p
 
 
 def run() -> dict[str, Any]:
-    from tandem._training import build_demo_models
+    from tandem.demo.models import build_demo_models
 
     tiny = build_demo_models().cloud_onnx
     image = np.random.default_rng(0).random((1, 1, 28, 28), dtype=np.float32)

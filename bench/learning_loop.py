@@ -1,6 +1,6 @@
 """(g) The learning loop: the fleet's inputs drift, and one loop wins the accuracy back.
 
-Runs ``tandem demo --drift``'s loop (``tandem._drift.run_drift_demo``) a few
+Runs ``tandem demo --drift``'s loop (``tandem.demo.drift.run_drift_demo``) a few
 times, each from scratch on this machine: the embedded broker, a CDN with its
 rollout service, a collecting hub and 8 devices on the demo's models. The
 digits shift by 1 to 3 pixels (a camera knocked out of place); devices share
@@ -35,8 +35,7 @@ _PLOT = "learning_loop.png"
 
 
 def run() -> dict[str, Any]:
-    from tandem._drift import DriftConfig, run_drift_demo
-    from tandem._drift_plot import plot_learning_loop
+    from tandem.demo.drift import DriftConfig, plot_learning_loop, run_drift_demo
 
     config = DriftConfig()
     reports = []

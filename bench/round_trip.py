@@ -66,7 +66,9 @@ _WARMUP = 200
 _WARMUP_S = 3.0
 _ECHO_REQUEST = "bench/echo/req"
 _ECHO_REPLY = "bench/echo/rep"
-_RAW_REPLY = "bench/raw/rep"
+_RAW_DEVICE = "bench-rt-raw"
+_RAW_ID = "raw-%09d"  # fixed width: each call's id is patched into the same frame
+_RAW_REPLY = f"tandem/v1/dev/{_RAW_DEVICE}/reply"  # the hub answers on the device's own topic
 
 
 def identity_model(features: int = FEATURES) -> bytes:
@@ -171,18 +173,19 @@ class _Callers:
             )
         )
         # The same frame as a device would send it, minus the agent: what the hub alone adds.
-        self.raw_topic = Topics().infer(MODEL)
+        self.raw_topic = Topics().device_infer(_RAW_DEVICE, MODEL)
         self.raw_frame = encode_message(
             Message(
                 kind="request",
-                request_id="raw",
+                request_id=_RAW_ID % 0,
                 model=MODEL,
                 reply_to=_RAW_REPLY,
                 timeout_ms=5000.0,
-                device_id="bench-rt-raw",
+                device_id=_RAW_DEVICE,
                 tensors={"x": x},
             )
         )
+        self._raw_calls = 0
         self._echoed = threading.Event()
         self._subscribed = threading.Event()
         client = create_client(settings, "bench-rt-echo-requester", protocol="5")
@@ -217,7 +220,7 @@ class _Callers:
         self.json_headers = {"Content-Type": "application/json"}
         self.variants: dict[str, Callable[[], None]] = {
             "echo": lambda: self.publish("echo", _ECHO_REQUEST, self.frame),
-            "raw_to_hub": lambda: self.publish("raw_to_hub", self.raw_topic, self.raw_frame),
+            "raw_to_hub": lambda: self.publish("raw_to_hub", self.raw_topic, self._raw_frame()),
             "agent": lambda: self.agent_call("agent"),
             "agent_mqtt311": lambda: self.agent_call("agent_mqtt311"),
             "agent_default_delay": lambda: self.agent_call("agent_default_delay"),
@@ -229,6 +232,12 @@ class _Callers:
     def _on_echo(self, _c: Any, _u: Any, message: Any) -> None:
         self._echo_reply = message.payload
         self._echoed.set()
+
+    def _raw_frame(self) -> bytes:
+        """The raw request with a fresh id (the hub computes an id once per device)."""
+        self._raw_calls += 1
+        fresh = (_RAW_ID % self._raw_calls).encode()
+        return self.raw_frame.replace((_RAW_ID % 0).encode(), fresh, 1)
 
     def publish(self, name: str, topic: str, frame: bytes) -> None:
         """Publish a ready frame with QoS 1 and wait for the reply on the requester's topic."""

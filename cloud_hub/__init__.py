@@ -1,6 +1,12 @@
 """Tandem's cloud hub: serves offloaded inference requests from MQTT on a GPU, batched.
 
-Quick start::
+Two planes over the same parts. ``tandem hub`` (and ``python -m cloud_hub``) runs
+the process plane, ``cloud_hub.plane``: a supervisor, MQTT and HTTP ingress
+processes and one executor process per model instance, joined by shared-memory
+rings; that is the production hub. ``Hub`` is the embedded plane: everything in
+one process, for the library, the demo and tests.
+
+Quick start (embedded)::
 
     from cloud_hub import Hub
     from shared import MqttSettings
@@ -23,9 +29,6 @@ wire ``ErrorCode`` a device receives.
 
 import importlib as _importlib
 
-from ._batcher import DynamicBatcher, HubResult, InferenceResult, ResultFuture
-from ._collect_config import CollectionConfig
-from ._config import ModelConfig, TensorSpec
 from ._errors import (
     BadRequestError,
     BrokerError,
@@ -35,7 +38,7 @@ from ._errors import (
     HubError,
     HubStoppingError,
     InvalidRequestError,
-    LinkClosedError,
+    IpcClosedError,
     ModelConfigError,
     ModelNotFoundError,
     OverloadedError,
@@ -43,12 +46,16 @@ from ._errors import (
     RequestTooLargeError,
     error_code,
 )
-from ._metrics import BatcherMetrics, BatcherStats
-from ._mqtt_front import MqttFront
-from ._prometheus import HubMetrics
-from ._repository import ModelRepository, ServedModel
-from ._server import Hub
+from ._hub import Hub
+from ._results import HubResult
+from .batching._batcher import DynamicBatcher, ResultFuture
+from .batching._stats import BatcherMetrics, BatcherStats
+from .collect._config import CollectionConfig
 from .executors import CallableExecutor, Executor, OnnxExecutor, TorchExecutor
+from .metrics._prometheus import HubMetrics
+from .mqtt._front import MqttFront
+from .repository._config import ModelConfig, TensorSpec
+from .repository._repository import ModelRepository, ServedModel
 
 __all__ = [
     "BadRequestError",
@@ -67,15 +74,13 @@ __all__ = [
     "HubMetrics",
     "HubResult",
     "HubStoppingError",
-    "InferenceResult",
     "InvalidRequestError",
-    "LinkClosedError",
+    "IpcClosedError",
     "ModelConfig",
     "ModelConfigError",
     "ModelNotFoundError",
     "ModelRepository",
     "MqttFront",
-    "MqttWorker",
     "OnnxExecutor",
     "OverloadedError",
     "RepositoryError",
@@ -87,10 +92,6 @@ __all__ = [
     "error_code",
     "http",
 ]
-
-
-MqttWorker = MqttFront
-"""Deprecated name of ``MqttFront``."""
 
 
 def __getattr__(name: str) -> object:

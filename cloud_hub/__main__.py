@@ -1,6 +1,6 @@
 """``python -m cloud_hub --repo DIR --broker mqtt://HOST:PORT``: run one hub, without typer.
 
-The same command as ``tandem hub`` (same options, same ``cloud_hub._serve``
+The same command as ``tandem hub`` (same options, same ``cloud_hub.plane._launch``
 underneath) for machines that install the hub alone; ``tandem hub --help``
 explains each option at length. A command-line mistake exits 2, a failure
 to serve exits 1, each with one line on stderr.
@@ -14,15 +14,17 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from shared import ApiKeyGuard, TandemError, TlsSettings
+from shared import TandemError, TlsSettings
+from shared.server import ApiKeyGuard
 
-from ._serve import (
+from .plane._launch import (
     LOG_FORMATS,
     LOG_LEVELS,
     MQTT_CLIENTS,
     HubServeSettings,
     check_options,
     default_workers,
+    ensure_repo,
     https_settings,
     serve,
 )
@@ -68,7 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--http-workers", type=int, default=1, help="HTTP ingress processes")
     add("--device", help="cpu, cuda or cuda:N for every model (default: each config's)")
     add("--mqtt-client", default="auto", help=", ".join(MQTT_CLIENTS))
-    add("--no-legacy-topics", action="store_true", help="only <prefix>/dev/<device>/infer/...")
+    add(
+        "--legacy-topics",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also take <prefix>/infer/<model> (first-release devices; migration only, unsafe)",
+    )
     add("--max-inflight-mib", type=int, default=256, help="HTTP request bytes held at once")
     add("--redis", default=os.environ.get("TANDEM_REDIS_URL"), help="Redis URL: shared rate limits")
     add("--repo-poll-s", type=float, default=2.0, help="look for new versions this often; 0: never")
@@ -102,8 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     if problem is not None:
         parser.error(f"argument {problem[0]}: {problem[1]}")
-    if not a.repo.is_dir():
-        parser.error(f"argument --repo: {a.repo} is not a directory")
+    problem = ensure_repo(a.repo, a.cdn)
+    if problem is not None:
+        parser.error(f"argument {problem[0]}: {problem[1]}")
     try:
         https_settings(a.tls_cert, a.tls_key, a.tls_client_ca)
         TlsSettings.from_files(ca_certs=a.mqtt_ca, certfile=a.mqtt_cert, keyfile=a.mqtt_key)
@@ -130,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
             http_workers=a.http_workers,
             device=a.device,
             mqtt_client=a.mqtt_client,
-            legacy_topics=not a.no_legacy_topics,
+            legacy_topics=a.legacy_topics,
             max_inflight_mib=a.max_inflight_mib,
             redis_url=a.redis,
             repo_poll_s=max(0.0, a.repo_poll_s),

@@ -12,7 +12,7 @@ Exception tree::
         ├── ModelNotFoundError (LookupError)  no such model or version      -> UNKNOWN_MODEL
         ├── OverloadedError                   the model's queue is full     -> OVERLOADED
         │   ├── HubStoppingError              the hub is shutting down      -> OVERLOADED
-        │   └── LinkClosedError               the executor (or ingress)     -> OVERLOADED
+        │   └── IpcClosedError               the executor (or ingress)     -> OVERLOADED
         │                                     process at the other end went away
         ├── DeadlineExceededError             expired before compute        -> DEADLINE_EXCEEDED
         ├── ExecutorError                     the model raised or returned  -> INTERNAL
@@ -56,7 +56,7 @@ __all__ = [
     "HubError",
     "HubStoppingError",
     "InvalidRequestError",
-    "LinkClosedError",
+    "IpcClosedError",
     "ModelConfigError",
     "ModelNotFoundError",
     "OverloadedError",
@@ -106,8 +106,8 @@ class HubStoppingError(OverloadedError):
     """The hub is shutting down and will not compute this request."""
 
 
-class LinkClosedError(OverloadedError):
-    """The process at the other end of an ingress-executor link went away (stopped, crashed).
+class IpcClosedError(OverloadedError):
+    """The process at the other end of an ingress-executor connection went away (stopped, crashed).
 
     A request in flight on it is answered ``overloaded``: the device falls back
     at once, and the hub connects again when the process is back.

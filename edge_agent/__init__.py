@@ -17,6 +17,14 @@ the agent's uplink makes it, and a ``ModelUpdater`` and a
 ``share_answers=ExampleSharing(sample_rate=0.05)`` (opt-in) lets the hub keep
 the offloaded requests the device got wrong as training examples.
 
+Text generation on the device: ``EdgeAgent(None, device_id=..., language_model=DIR)``
+(an ONNX Runtime GenAI model folder; ``tandem[llm]``), then ``agent.generate(prompt,
+max_tokens=64)`` streams ``TextChunk``s and ``agent.chat(messages, conversation=...)``
+keeps a dialogue's KV cache (``edge_agent.language``). With ``broker=`` and
+``cloud_language_model=`` the presets ``prefer_cloud``, ``cloud_only`` and a heavy
+``prefer_edge`` turn stream the hub's text over MQTT, and the device finishes a turn
+whose hub fails mid-stream (``CloudTextSettings``).
+
 Never imports torch, fastapi or the hub/CDN packages: a device installs ``tandem[edge]``.
 """
 
@@ -36,6 +44,7 @@ from ._errors import (
     RuntimeUnavailableError,
     SmokeTestError,
     StoreError,
+    TextOffloadUnavailableError,
     UntrustedUpdateError,
     UpdateError,
     UplinkError,
@@ -50,6 +59,18 @@ from ._scores import SCORES, entropy, margin, max_probability, to_probabilities
 from ._sharing import ExampleSharing
 from ._telemetry import AgentSnapshot, LatencyWindow, ModelCounters, TelemetryRecorder
 from ._uplink import MqttUplink, UplinkStats
+from .language import (
+    AsyncTextStream,
+    CloudTextSettings,
+    Conversation,
+    FinishReason,
+    GenerationRecord,
+    LanguageRuntime,
+    Sampling,
+    TextChunk,
+    TextStream,
+    load_language_runtime,
+)
 from .runtimes import ModelRuntime, TensorSpec, load_runtime
 from .updater import DeviceModelStore, DownloadSettings, ModelUpdater, UpdaterStats
 
@@ -59,9 +80,12 @@ __all__ = [
     "AgentSnapshot",
     "AgentStats",
     "AsyncEdgeAgent",
+    "AsyncTextStream",
     "BaseAgent",
     "BreakerState",
     "CircuitBreaker",
+    "CloudTextSettings",
+    "Conversation",
     "Decision",
     "DeviceLink",
     "DeviceModelStore",
@@ -73,12 +97,15 @@ __all__ = [
     "Ewma",
     "ExampleSharing",
     "FallbackReason",
+    "FinishReason",
+    "GenerationRecord",
     "HeavyCheck",
     "InferenceError",
     "InferenceResult",
     "InputFeatures",
     "IntegrityError",
     "InvalidInputError",
+    "LanguageRuntime",
     "LatencyBreakdown",
     "LatencyEstimator",
     "LatencyWindow",
@@ -95,12 +122,16 @@ __all__ = [
     "Route",
     "RouterLoadError",
     "RuntimeUnavailableError",
+    "Sampling",
     "SmokeTestError",
     "Source",
     "StoreError",
     "TelemetryRecorder",
     "TelemetryReporter",
     "TensorSpec",
+    "TextChunk",
+    "TextOffloadUnavailableError",
+    "TextStream",
     "UncertainCheck",
     "UntrustedUpdateError",
     "UpdateError",
@@ -108,6 +139,7 @@ __all__ = [
     "UplinkError",
     "UplinkStats",
     "entropy",
+    "load_language_runtime",
     "load_runtime",
     "margin",
     "max_probability",

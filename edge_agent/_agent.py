@@ -1,7 +1,7 @@
 """The edge agent: answers every request locally, in the cloud, or by falling back.
 
 ``EdgeAgent`` (blocking) and ``AsyncEdgeAgent`` (asyncio) are twins over
-``BaseAgent`` (``_base_agent``), which makes every decision; they only run
+``BaseAgent`` (``_agent_core``), which makes every decision; they only run
 the local model and wait for the hub, each in its own way, as httpx's
 Client/AsyncClient do. The invariants are ``BaseAgent``'s.
 
@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ._base_agent import AgentStats, BaseAgent, Call
+from ._agent_core import AgentStats, BaseAgent, Call
 from ._errors import UplinkError
 from ._outcome import CloudAnswer, CloudOutcome, Fallback
 from ._policy import Decision, Route
 from ._result import InferenceResult
+from .language import AsyncTextStream, Conversation, Sampling, TextStream
+from .language._turn import start_chat, start_generate
 
 __all__ = ["AgentStats", "AsyncEdgeAgent", "BaseAgent", "EdgeAgent"]
 
@@ -45,10 +47,14 @@ class EdgeAgent(BaseAgent):
         return self
 
     def close(self) -> None:
+        if self.text_link is not None:
+            self.text_link.detach()
         if self.uplink is not None:
             self.uplink.stop()
         if self.runtime is not None:
             self.runtime.close()
+        if self.language is not None:
+            self.language.close()
 
     def __enter__(self) -> EdgeAgent:
         return self.start()
@@ -74,6 +80,52 @@ class EdgeAgent(BaseAgent):
         except Exception:
             self._failed(serving)
             raise
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int,
+        sampling: Sampling | None = None,
+        deadline_ms: float | None = None,
+        preset: str = "edge_only",
+    ) -> TextStream:
+        """Generate text after ``prompt``: an iterator of ``TextChunk``, then ``.result``.
+
+        Greedy unless ``sampling`` says otherwise; ``deadline_ms`` bounds the turn
+        (finish reason ``deadline``); closing the stream cancels it. Presets:
+        ``edge_only``; ``prefer_edge`` (a heavy turn goes to the hub); ``prefer_cloud``;
+        ``cloud_only``. The hub needs ``broker=`` and ``cloud_language_model=``: without
+        them ``prefer_edge`` stays here (the record's ``fallbacks`` say so) and the
+        other two raise ``TextOffloadUnavailableError``. A hub that fails mid-turn:
+        the device finishes it (``record.degraded``), or a ``cloud_only`` turn ends
+        with finish reason ``error`` (``record.error``).
+        """
+        return start_generate(
+            self.language, prompt, max_tokens=max_tokens, sampling=sampling,
+            deadline_ms=deadline_ms, preset=preset, cloud=self._cloud_text,
+        )  # fmt: skip
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        conversation: Conversation | None = None,
+        max_tokens: int,
+        sampling: Sampling | None = None,
+        deadline_ms: float | None = None,
+        preset: str = "edge_only",
+    ) -> TextStream:
+        """One chat turn: ``messages`` are the turn's new messages (``role``/``content``).
+
+        ``conversation`` keeps the dialogue and its KV cache between turns (a new
+        one when ``None``; it is ``stream.conversation``). The reply joins the
+        conversation when the stream ends.
+        """
+        return start_chat(
+            self.language, messages, conversation, max_tokens=max_tokens, sampling=sampling,
+            deadline_ms=deadline_ms, preset=preset, cloud=self._cloud_text,
+        )  # fmt: skip
 
     def _offload(self, call: Call, decision: Decision) -> InferenceResult:
         outcome = self._try_cloud(call, decision)
@@ -122,10 +174,14 @@ class AsyncEdgeAgent(BaseAgent):
         return self
 
     async def close(self) -> None:
+        if self.text_link is not None:
+            self.text_link.detach()
         if self.uplink is not None:
             await asyncio.to_thread(self.uplink.stop)
         if self.runtime is not None:
             self.runtime.close()
+        if self.language is not None:
+            self.language.close()
 
     async def __aenter__(self) -> AsyncEdgeAgent:
         return await self.start()
@@ -150,6 +206,41 @@ class AsyncEdgeAgent(BaseAgent):
         except Exception:  # not CancelledError: a caller giving up is not the model's error
             self._failed(serving)
             raise
+
+    def generate(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int,
+        sampling: Sampling | None = None,
+        deadline_ms: float | None = None,
+        preset: str = "edge_only",
+    ) -> AsyncTextStream:
+        """``EdgeAgent.generate`` as an async iterator (each step in a worker thread)."""
+        return AsyncTextStream(
+            start_generate(
+                self.language, prompt, max_tokens=max_tokens, sampling=sampling,
+                deadline_ms=deadline_ms, preset=preset, cloud=self._cloud_text,
+            )
+        )  # fmt: skip
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        conversation: Conversation | None = None,
+        max_tokens: int,
+        sampling: Sampling | None = None,
+        deadline_ms: float | None = None,
+        preset: str = "edge_only",
+    ) -> AsyncTextStream:
+        """``EdgeAgent.chat`` as an async iterator."""
+        return AsyncTextStream(
+            start_chat(
+                self.language, messages, conversation, max_tokens=max_tokens,
+                sampling=sampling, deadline_ms=deadline_ms, preset=preset, cloud=self._cloud_text,
+            )
+        )  # fmt: skip
 
     async def _offload(self, call: Call, decision: Decision) -> InferenceResult:
         outcome = await self._try_cloud(call, decision)

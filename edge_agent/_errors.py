@@ -19,6 +19,9 @@ Exception tree::
         │                                    (the model is not on the device and the
         │                                    cloud failed): the only error ``infer`` raises
         │                                    for a valid request
+        ├── TextOffloadUnavailableError      a text preset that needs the hub
+        │                                    (``prefer_cloud``, ``cloud_only``) on an
+        │                                    agent without broker= and cloud_language_model=
         └── UpdateError                      a model update was not installed (the old
             │                                model keeps serving)
             ├── UntrustedUpdateError         an assignment or manifest refused: unsigned,
@@ -58,6 +61,7 @@ __all__ = [
     "RuntimeUnavailableError",
     "SmokeTestError",
     "StoreError",
+    "TextOffloadUnavailableError",
     "UntrustedUpdateError",
     "UpdateError",
     "UplinkError",
@@ -98,6 +102,10 @@ class UplinkError(EdgeError):
 
 class NoAnswerError(EdgeError):
     """Neither the device nor the cloud could answer this request."""
+
+
+class TextOffloadUnavailableError(EdgeError):
+    """A text generation preset that needs the hub, on an agent with no way to it for text."""
 
 
 class UpdateError(EdgeError):

@@ -10,41 +10,48 @@ Two things a model cannot answer sensibly, found before anything runs:
   "missing" (tree ensembles exported to ONNX, for instance) are the
   exception; the agent's ``allow_non_finite=True`` lets such values through.
 
-Cost: one ``isfinite`` pass per floating-point tensor, about 1.4 µs for a
-784-value image (a sum would be a little cheaper, but warns on ``inf - inf``
-and overflows on huge finite values); the count for the message is only
-taken when something is off.
+The checks are ``shared.check_values`` (the hub's too); its errors become
+``InvalidInputError`` here, with the agent's own hint.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from shared import NonFiniteInputError, TensorInputError
+from shared import check_values as shared_check_values
+
 from ._errors import InvalidInputError
 
-__all__ = ["check_values"]
-
-_FLOATING = frozenset("fc")  # numpy dtype kinds: float, complex
-_isfinite = np.isfinite
+__all__ = ["check_deadline", "check_values"]
 
 
 def check_values(named: dict[str, np.ndarray], *, allow_non_finite: bool) -> None:
     """Raise ``InvalidInputError`` for an empty tensor, or a non-finite value unless allowed."""
-    for name, array in named.items():
-        if array.size == 0:
-            raise InvalidInputError(
-                f"input {name!r} is empty (shape {list(array.shape)}): a request needs at "
-                "least one row"
-            )
-        if allow_non_finite or array.dtype.kind not in _FLOATING:
-            continue
-        finite = _isfinite(array)
-        if finite.all():
-            continue
-        bad = int(array.size - np.count_nonzero(finite))
-        nan = int(np.count_nonzero(np.isnan(array)))
+    try:
+        shared_check_values(named, allow_non_finite=allow_non_finite, allow_empty=False)
+    except NonFiniteInputError as e:
         raise InvalidInputError(
-            f"input {name!r} holds {bad} non-finite value{'s' if bad != 1 else ''} "
-            f"({nan} NaN, {bad - nan} infinite) of {array.size}; clean the input, or "
-            "pass allow_non_finite=True to the agent if the model takes them"
+            f"{e}; clean the input, or pass allow_non_finite=True to the agent if the model "
+            "takes them"
+        ) from e
+    except TensorInputError as e:
+        raise InvalidInputError(str(e)) from e
+
+
+def check_deadline(value: object, name: str = "deadline_ms") -> float:
+    """``value`` as a deadline in milliseconds: a positive, finite real number.
+
+    A string (``"50"``), a bool, ``None`` or an array is refused with
+    ``InvalidInputError`` naming its type, rather than coerced: ``float("50")``
+    would make a typo in a caller's configuration pass silently.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise InvalidInputError(
+            f"{name} must be a number of milliseconds (int or float), got "
+            f"{type(value).__name__} {value!r}"
         )
+    deadline = float(value)
+    if not 0 < deadline < float("inf"):
+        raise InvalidInputError(f"{name} must be positive and finite, got {value!r}")
+    return deadline

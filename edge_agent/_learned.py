@@ -43,6 +43,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from shared import atomic_write_bytes
+
 from ._errors import RouterLoadError
 from ._router_features import FEATURE_SETS, FeatureSet, feature_count, output_features
 from ._router_fit import choose_l2, fit_logistic
@@ -291,7 +293,9 @@ class LearnedScore:
         return router
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict()) + "\n")
+        """Write ``to_dict``'s document whole or not at all: an agent loading it while it is
+        replaced reads the old router or the new one."""
+        atomic_write_bytes(path, (json.dumps(self.to_dict()) + "\n").encode())
 
     @classmethod
     def load(cls, path: str | Path, *, input_features: InputFeatures | None = None) -> LearnedScore:

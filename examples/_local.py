@@ -15,9 +15,9 @@ from collections.abc import Iterator
 
 from cloud_hub import Hub
 from shared import MqttSettings
-from tandem._broker import EmbeddedBroker
-from tandem._data import DigitSplits, load_digit_splits
-from tandem._training import DemoModels, build_demo_models
+from tandem.broker import EmbeddedBroker
+from tandem.demo.data import DigitSplits, load_digit_splits
+from tandem.demo.models import DemoModels, build_demo_models
 
 __all__ = ["CLOUD_MODEL", "demo_data", "local_broker", "mnist_hub"]
 

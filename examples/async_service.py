@@ -136,6 +136,7 @@ def main(broker_url: str | None = None, n: int = 200) -> dict[str, object]:
     accuracy = float((predicted == digits.test_labels[:n]).mean())
     sources = Counter(str(a["source"]) for a in answers)
     reasons = Counter(str(a["reason"]) for a in answers)
+    degraded = sum(bool(a["degraded"]) for a in answers)
     print(f"{n} requests, 16 at a time: accuracy {accuracy:.1%}, answered by {dict(sources)}")
     print(f"why: {dict(reasons)}")
     print(f"a NaN pixel is refused with HTTP {bad['bad_request_status']}")
@@ -143,6 +144,7 @@ def main(broker_url: str | None = None, n: int = 200) -> dict[str, object]:
         "accuracy": accuracy,
         "sources": dict(sources),
         "reasons": dict(reasons),
+        "degraded": degraded,
         "nan_status": bad["bad_request_status"],
     }
 

@@ -13,9 +13,9 @@ import numpy as np
 from cloud_hub import Hub
 from edge_agent import EdgeAgent, OffloadPolicy
 from shared import MqttSettings
-from tandem._broker import EmbeddedBroker
-from tandem._data import load_digit_splits
-from tandem._training import build_demo_models
+from tandem.broker import EmbeddedBroker
+from tandem.demo.data import load_digit_splits
+from tandem.demo.models import build_demo_models
 
 
 def main(n: int = 300) -> dict[str, object]:

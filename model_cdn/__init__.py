@@ -1,14 +1,14 @@
 """The model CDN: publish signed, quantized models; serve them; assign them to devices.
 
-- ``publish_model`` (``model_cdn.publish``): float ONNX -> quantized, validated,
+- ``publish_model`` (``model_cdn.publish``; ``publish_package`` for an ONNX Runtime
+  GenAI model folder): float ONNX -> quantized, validated,
   compressed, signed, stored and registered.
 - ``open_registry`` / ``Registry``: versions, manifests and assignments
   (SQLite or PostgreSQL); ``open_store`` / ``BlobStore``: content-addressed blobs.
 - ``add_version`` / ``delete_version`` / ``assign_version``: the write operations,
-  one code path each for the HTTP API and the CLI (``_operations``).
-- ``AssignmentPublisher``: the one way an assignment leaves the CDN (stored,
+  one code path each for the HTTP API and the CLI (``_versions``).
+- ``AssignmentSender``: the one way an assignment leaves the CDN (stored,
   then published retained over MQTT); ``make_assignment`` signs one.
-  ``publish_assignment`` is deprecated.
 - ``create_app``: the HTTP API devices download from (``model_cdn.http``).
 - ``AdminClient``: the admin API from elsewhere (publish, assign, rollouts, fleet).
 - ``pull_model``: a published version, verified, as the model file's bytes, from the
@@ -25,8 +25,10 @@ from __future__ import annotations
 import importlib as _importlib
 import typing as _typing
 
-from ._admin_client import AdminClient
-from ._assign import make_assignment, publish_assignment
+from shared.server.store import BlobStore, LocalBlobStore, open_store
+
+from ._assign import make_assignment
+from ._assignment_sender import AssignmentLink, AssignmentSender
 from ._errors import (
     AdminApiError,
     AssignmentNotPublishedError,
@@ -56,30 +58,33 @@ from ._errors import (
     ValidationError,
     VersionConflictError,
 )
-from ._operations import AssignResult, add_version, assign_version, delete_version
-from ._publisher import AssignmentLink, AssignmentPublisher
 from ._pull import (
+    MODEL_SUFFIXES,
     CdnSource,
     ModelSource,
     PulledVersion,
     RegistrySource,
     pull_model,
     write_model_file,
+    write_package_dir,
 )
+from ._versions import AssignResult, add_version, assign_version, delete_version
+from .admin_client import AdminClient
 from .registry import Registry, VersionRecord, open_registry
-from .store import BlobStore, LocalBlobStore, open_store
 
 if _typing.TYPE_CHECKING:
     from .http import create_app
-    from .publish import PublishResult, load_samples, publish_model
+    from .publish import PublishResult, load_samples, publish_model, publish_package
+    from .rollout._service import FleetService
 
 __all__ = [
+    "MODEL_SUFFIXES",
     "AdminApiError",
     "AdminClient",
     "AssignResult",
     "AssignmentLink",
     "AssignmentNotPublishedError",
-    "AssignmentPublisher",
+    "AssignmentSender",
     "AuthDenied",
     "AuthError",
     "BlobNotFoundError",
@@ -89,6 +94,7 @@ __all__ = [
     "CdnSource",
     "DeviceNotFoundError",
     "DocumentRejectedError",
+    "FleetService",
     "HttpError",
     "IdenticalModelError",
     "InvalidNameError",
@@ -122,10 +128,11 @@ __all__ = [
     "make_assignment",
     "open_registry",
     "open_store",
-    "publish_assignment",
     "publish_model",
+    "publish_package",
     "pull_model",
     "write_model_file",
+    "write_package_dir",
 ]
 
 # name -> the module that defines it, imported on first access
@@ -134,6 +141,8 @@ _LAZY = {
     "PublishResult": ".publish",
     "load_samples": ".publish",
     "publish_model": ".publish",
+    "publish_package": ".publish",
+    "FleetService": ".rollout._service",
 }
 
 

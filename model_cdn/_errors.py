@@ -44,7 +44,7 @@ Exception tree (the HTTP status the CDN's API answers in brackets)::
     │                                      the HTTP status) or could not be reached (None);
     │                                      raised by ``AdminClient``, the CDN's client
     └── shared.StoreError                  blob storage failed, disk or S3 (the store lives
-        │                                  in ``shared.store``; re-exported here) [503]
+        │                                  in ``shared.server.store``; re-exported here) [503]
         ├── shared.BlobNotFoundError       no blob with that digest [404]
         └── shared.InvalidStoreKeyError    a malformed digest or key [400]
 

@@ -13,17 +13,24 @@ what it read as a device does, in ``check_pulled`` (pure):
 - the blob has the size and the digest the manifest names; decompressing
   it stops at the declared raw size, and the model has the raw digest.
 
+- for a package (``format: "onnx-genai"``), the archive holds exactly the
+  files the manifest lists, each of its size and SHA-256, and nothing else
+  (``shared.unpack_package``: no links, no path out of the folder).
+
 Nothing is written before every check passed; ``write_model_file`` then
-writes the file whole or not at all (a temporary file beside it, fsynced,
-renamed over). Failures raise ``PullError``, ``ModelNotFoundError``,
+writes the file whole or not at all (``shared.atomic_write_bytes``: a
+temporary file beside it, fsynced, renamed over, the directory fsynced), and
+``write_package_dir`` a package's folder (built beside it under a temporary
+name, each file fsynced, then renamed into place).
+Failures raise ``PullError``, ``ModelNotFoundError``,
 ``shared.ManifestError`` (signature, expiry) or ``AdminApiError``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
+import secrets
+import shutil
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,17 +41,21 @@ from typing import Any
 from shared import (
     ManifestError,
     ModelManifest,
+    PackageError,
     PublicKey,
     TrustedRoot,
+    atomic_write_bytes,
     decompress_blob,
     digest,
+    fsync_directory,
+    unpack_package,
     verify_manifest,
 )
+from shared.server.store import BlobStore
 
-from ._admin_client import AdminApiError, AdminClient
 from ._errors import BlobNotFoundError, ModelNotFoundError, PullError
+from .admin_client import AdminApiError, AdminClient
 from .registry._base import Registry
-from .store._base import BlobStore
 
 __all__ = [
     "CdnSource",
@@ -54,9 +65,10 @@ __all__ = [
     "check_pulled",
     "pull_model",
     "write_model_file",
+    "write_package_dir",
 ]
 
-SUFFIXES = {"onnx": ".onnx", "tflite": ".tflite"}  # what runtimes pick a loader by
+MODEL_SUFFIXES = {"onnx": ".onnx", "tflite": ".tflite"}  # what runtimes pick a loader by
 
 
 @dataclass(frozen=True)
@@ -65,7 +77,8 @@ class PulledVersion:
 
     manifest: ModelManifest
     signed: Mapping[str, Any]
-    model: bytes
+    model: bytes  # the model file, or a package's archive
+    files: Mapping[str, bytes] | None = None  # a package's verified files, by name
 
     @property
     def ref(self) -> str:
@@ -168,25 +181,47 @@ def check_pulled(
         blob_ref.raw_digest is not None and digest(model) != blob_ref.raw_digest
     ):
         raise PullError(f"the model of {ref} is not the one its manifest names (raw digest)")
-    return PulledVersion(manifest, document, model)
+    files = None
+    if manifest.package is not None:
+        try:
+            files = unpack_package(model, manifest.package)
+        except PackageError as e:
+            raise PullError(f"the package {ref} is refused: {e}") from e
+    return PulledVersion(manifest, document, model, files)
 
 
 def write_model_file(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` whole or not at all; returns the path."""
     path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=directory)
+    # 0644: a model is public, and the service reading it may run as another user.
+    atomic_write_bytes(path, data, mode=0o644)
+    return path
+
+
+def write_package_dir(path: str | os.PathLike[str], files: Mapping[str, bytes]) -> Path:
+    """Write a verified package's files as the folder ``path``, whole or not at all (a
+    folder already there is replaced, after the new one is complete); returns the path."""
+    path = Path(path)
+    parent = path.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    staging = parent / f".{path.name}.tmp-{secrets.token_hex(4)}"
+    staging.mkdir()
+    old = None
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a model from the service reading it
-        os.replace(tmp, path)
+        for name, data in files.items():
+            atomic_write_bytes(staging / name, data, mode=0o644)
+        if path.exists():
+            old = parent / f".{path.name}.old-{secrets.token_hex(4)}"
+            path.rename(old)
+        staging.rename(path)
+        fsync_directory(parent)
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        shutil.rmtree(staging, ignore_errors=True)
+        if old is not None and not path.exists():
+            old.rename(path)
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     return path
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from shared import PublicKey, TrustedRoot
 
-from ._trust_repo import TrustRepository
+from .trust_repo import TrustRepository
 
 __all__ = ["UploadTrust"]
 

@@ -1,23 +1,16 @@
 """Tandem's wire protocol: topics, the binary envelope, the tensor codec, limits, errors.
 
 Also what two packages must agree on besides the wire: the blob stores
-(``shared.store``), the edge's answer summary that offloaded requests carry
+(``shared.server.store``), the edge's answer summary that offloaded requests carry
 (``EdgeAnswer``) and the shard format of collected examples (``write_shard``,
-``load_examples``). Pure and small: numpy and the standard library
+``load_examples``); and the one way every package writes a file whole
+(``atomic_write_bytes``, ``atomic_writer``: fsync, rename, fsync of the
+directory; ``mode=0o600`` for secrets). Pure and small: numpy and the standard library
 (zstandard on demand, paho-mqtt only inside the MQTT helpers, boto3 only for
 an ``s3://`` store).
 """
 
-from ._apikeys import (
-    API_KEY_SCOPES,
-    ApiKey,
-    ApiKeyFile,
-    ApiKeyGuard,
-    TokenBucket,
-    generate_api_key,
-    looks_like_api_key,
-    parse_api_key,
-)
+from ._atomic import ATOMIC_TEMP_PREFIX, atomic_write_bytes, atomic_writer, fsync_directory
 from ._blobs import apply_delta, compress_blob, decompress_blob, digest, make_delta
 from ._cdn_paths import DIGEST_PATTERN, CdnPaths
 from ._edge_answer import EDGE_ANSWER_KEY, MAX_EDGE_LABELS, EdgeAnswer, top_classes
@@ -40,10 +33,13 @@ from ._errors import (
     ExampleShardError,
     ExpiredError,
     FrameError,
+    InputTooLargeError,
     InvalidApiKeyError,
     InvalidStoreKeyError,
     LimitExceededError,
     ManifestError,
+    NonFiniteInputError,
+    PackageError,
     ProtocolError,
     RateLimitedError,
     ScopeError,
@@ -51,19 +47,20 @@ from ._errors import (
     StoreError,
     TandemError,
     TensorError,
+    TensorInputError,
     UnsupportedMediaTypeError,
     UnsupportedVersionError,
 )
 from ._example_rows import REASONS, ExampleRows, input_digests
 from ._fleet_report import DeviceReport
-from ._http_guards import (
-    BINARY_MEDIA_TYPE,
-    JSON_MEDIA_TYPE,
-    HttpTimeouts,
-    body_media_type,
-    uvicorn_options,
+from ._input_check import InputChecker, ShapeKey, check_inputs, check_values
+from ._limits import (
+    MAX_BLOB_BYTES,
+    MAX_DOCUMENT_BYTES,
+    MQTT_PACKET_OVERHEAD_BYTES,
+    Limits,
+    mqtt_max_packet_bytes,
 )
-from ._limits import MAX_BLOB_BYTES, MAX_DOCUMENT_BYTES, Limits
 from ._logging import configure_logging, quiet_loggers
 from ._manifest import (
     SPEC_VERSION,
@@ -71,7 +68,6 @@ from ._manifest import (
     BlobRef,
     DeltaRef,
     ModelManifest,
-    TensorRecord,
     claimed_version,
     decode_sample,
     encode_sample,
@@ -93,21 +89,22 @@ from ._mqtt_session import (
     InboundMessage,
     MqttRefusal,
     MqttSession,
-    PahoSession,
     PublishHandle,
 )
-from ._ratelimit import LocalRateLimiter, RateLimiter, RedisRateLimiter, rate_limiter
-from ._root import MAX_ROOT_ROTATIONS, ROLES, RoleKeys, RootMetadata, TrustedRoot, sign_root
-from ._shard_manifest import SHARD_FORMAT, ShardManifest
-from ._shards import (
-    EXAMPLES_AREA,
-    list_shards,
-    load_examples,
-    read_manifest,
-    read_shard,
-    shard_prefix,
-    write_shard,
+from ._package import (
+    MAX_PACKAGE_FILES,
+    PACKAGE_FORMATS,
+    GenerationSmokeTest,
+    PackageFile,
+    PackageListing,
+    genai_execution_provider,
+    greedy_ids,
+    pack_files,
+    read_directory,
+    unpack_package,
 )
+from ._paho_session import PahoSession
+from ._root import MAX_ROOT_ROTATIONS, ROLES, RoleKeys, RootMetadata, TrustedRoot, sign_root
 from ._signing import PublicKey, SigningKey, canonical_json, sign_document, verify_signed
 from ._status import UpdateState, UpdateStatus
 from ._tensor_spec import TensorSpec
@@ -121,33 +118,40 @@ from ._tensors import (
     numpy_dtype,
     shape_compatible,
 )
+from ._text_wire import (
+    GenerateCancel,
+    GenerateChunk,
+    GenerateFinal,
+    GenerateFinish,
+    GenerateRequest,
+    TextMessage,
+    TextSampling,
+    decode_text_message,
+    encode_text_message,
+)
 from ._topics import NAME_PATTERN, RequestTopic, Topics, validate_name
 
 __all__ = [
-    "API_KEY_SCOPES",
-    "BINARY_MEDIA_TYPE",
+    "ATOMIC_TEMP_PREFIX",
     "DATATYPES",
     "DIGEST_PATTERN",
     "EDGE_ANSWER_KEY",
-    "EXAMPLES_AREA",
     "FORMAT_MAJOR",
     "FORMAT_MINOR",
-    "JSON_MEDIA_TYPE",
     "MAGIC",
     "MAX_BLOB_BYTES",
     "MAX_DOCUMENT_BYTES",
     "MAX_EDGE_LABELS",
+    "MAX_PACKAGE_FILES",
     "MAX_ROOT_ROTATIONS",
+    "MQTT_PACKET_OVERHEAD_BYTES",
     "NAME_PATTERN",
     "ONNX_DATATYPES",
+    "PACKAGE_FORMATS",
     "REASONS",
     "ROLES",
-    "SHARD_FORMAT",
     "SPEC_VERSION",
-    "ApiKey",
     "ApiKeyError",
-    "ApiKeyFile",
-    "ApiKeyGuard",
     "Assignment",
     "BlobNotFoundError",
     "BlobRef",
@@ -162,41 +166,50 @@ __all__ = [
     "ExampleShardError",
     "ExpiredError",
     "FrameError",
-    "HttpTimeouts",
+    "GenerateCancel",
+    "GenerateChunk",
+    "GenerateFinal",
+    "GenerateFinish",
+    "GenerateRequest",
+    "GenerationSmokeTest",
     "InboundMessage",
+    "InputChecker",
+    "InputTooLargeError",
     "InvalidApiKeyError",
     "InvalidStoreKeyError",
     "LimitExceededError",
     "Limits",
-    "LocalRateLimiter",
     "ManifestError",
     "Message",
     "ModelManifest",
     "MqttRefusal",
     "MqttSession",
     "MqttSettings",
+    "NonFiniteInputError",
+    "PackageError",
+    "PackageFile",
+    "PackageListing",
     "PahoSession",
     "ProtocolError",
     "PublicKey",
     "PublishHandle",
     "RateLimitedError",
-    "RateLimiter",
-    "RedisRateLimiter",
     "ReplyTiming",
     "RequestTopic",
     "RoleKeys",
     "RootMetadata",
     "ScopeError",
-    "ShardManifest",
+    "ShapeKey",
     "SignatureError",
     "SigningKey",
     "StoreError",
     "TandemError",
     "TensorError",
-    "TensorRecord",
+    "TensorInputError",
     "TensorSpec",
+    "TextMessage",
+    "TextSampling",
     "TlsSettings",
-    "TokenBucket",
     "Topics",
     "TransferOptions",
     "TrustedRoot",
@@ -205,8 +218,11 @@ __all__ = [
     "UpdateState",
     "UpdateStatus",
     "apply_delta",
-    "body_media_type",
+    "atomic_write_bytes",
+    "atomic_writer",
     "canonical_json",
+    "check_inputs",
+    "check_values",
     "claimed_version",
     "compress_blob",
     "configure_logging",
@@ -216,38 +232,36 @@ __all__ = [
     "decode_message",
     "decode_sample",
     "decode_tensors",
+    "decode_text_message",
     "decompress_blob",
     "device_client_id",
     "digest",
     "encode_message",
     "encode_sample",
     "encode_tensors",
+    "encode_text_message",
     "format_time",
-    "generate_api_key",
+    "fsync_directory",
+    "genai_execution_provider",
+    "greedy_ids",
     "input_digests",
-    "list_shards",
-    "load_examples",
-    "looks_like_api_key",
     "make_delta",
+    "mqtt_max_packet_bytes",
     "new_request_id",
     "numpy_dtype",
-    "parse_api_key",
+    "pack_files",
     "parse_time",
     "publish_properties",
     "quiet_loggers",
-    "rate_limiter",
-    "read_manifest",
-    "read_shard",
+    "read_directory",
     "resolve_protocol",
     "shape_compatible",
-    "shard_prefix",
     "sign_document",
     "sign_root",
     "top_classes",
-    "uvicorn_options",
+    "unpack_package",
     "validate_name",
     "verify_assignment",
     "verify_manifest",
     "verify_signed",
-    "write_shard",
 ]

@@ -13,7 +13,7 @@ Every path hangs under ``/v1``::
     /v1/devices/{device}/assignments/{model}           a device's signed assignment
     /v1/rollouts                                       staged rollouts
     /v1/rollouts/{rollout_id}                          one rollout
-    /v1/rollouts/{rollout_id}/{command}                pause | resume | abort | rollback
+    /v1/rollouts/{rollout_id}/{command}                pause | resume | abort | rollback | skip-gate
 
 ``CdnPaths(base)`` builds concrete URLs (``base`` is ``""`` for paths, or a
 server's origin such as ``https://cdn.example``); ``CdnPaths.ROUTES`` holds the
@@ -37,7 +37,7 @@ __all__ = ["DIGEST_PATTERN", "CdnPaths"]
 DIGEST_PATTERN = re.compile(r"sha256:([0-9a-f]{64})")
 """A blob's name: ``sha256:`` and 64 lowercase hex digits (group 1: the hex)."""
 
-_ROLLOUT_COMMANDS = frozenset({"pause", "resume", "abort", "rollback"})
+_ROLLOUT_COMMANDS = frozenset({"pause", "resume", "abort", "rollback", "skip-gate"})
 _MAX_ROLLOUT_ID = 128
 
 

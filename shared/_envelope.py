@@ -228,6 +228,22 @@ def encode_message(message: Message, options: TransferOptions | None = None) -> 
     return b"".join([_PREFIX.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, 0, len(raw)), raw, *chunks])
 
 
+def pack_frame(header: dict[str, Any], payload: list[bytes]) -> bytes:
+    """One frame of this layout from a header object and payload parts (the text wire's)."""
+    try:
+        raw = _ENCODER.encode(header).encode()
+    except (TypeError, ValueError, RecursionError) as e:
+        raise FrameError(f"header cannot be written as JSON: {e}") from e
+    return b"".join([_PREFIX.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, 0, len(raw)), raw, *payload])
+
+
+def split_frame(
+    data: bytes | bytearray | memoryview, limits: Limits
+) -> tuple[dict[str, Any], memoryview]:
+    """The checked header and the payload of one frame (every size checked against ``limits``)."""
+    return _split(memoryview(data), limits)
+
+
 def decode_header(
     data: bytes | bytearray | memoryview, limits: Limits | None = None
 ) -> dict[str, Any]:

@@ -11,7 +11,10 @@ Exception tree::
     │   │                            (unknown datatype, shape/size mismatch)
     │   ├── ManifestError            a model manifest or signed document that is invalid
     │   │   ├── SignatureError       unsigned, signed by an untrusted key, or tampered
-    │   │   └── ExpiredError         past its expiry (a freeze attack, or just stale)
+    │   │   ├── ExpiredError         past its expiry (a freeze attack, or just stale)
+    │   │   └── PackageError         a model package's archive that is not exactly the
+    │   │                            files its manifest lists: a link, a path that
+    │   │                            escapes, an unlisted, missing or resized member
     │   └── UnsupportedMediaTypeError  an HTTP body's Content-Type or Content-Encoding
     │                                a route does not take (415)
     ├── ConfigError (ValueError)     a setting that cannot work (bad URL, bad option)
@@ -23,6 +26,11 @@ Exception tree::
     ├── ExampleShardError (ValueError)
     │                                a shard of collected examples that is malformed,
     │                                damaged, too large or of an unknown format
+    ├── TensorInputError (ValueError)
+    │   │                            tensors a model cannot take: names, datatype,
+    │   │                            shape, rows, emptiness (``InputChecker``)
+    │   ├── InputTooLargeError       more rows than a batch holds, more bytes than allowed
+    │   └── NonFiniteInputError      NaN or infinity in a floating-point tensor
     └── ApiKeyError                  an HTTP request's API key refused
         ├── InvalidApiKeyError       malformed, unknown, wrong secret or revoked  -> 401
         ├── ScopeError               the key lacks every scope the route accepts  -> 403
@@ -50,10 +58,13 @@ __all__ = [
     "ExampleShardError",
     "ExpiredError",
     "FrameError",
+    "InputTooLargeError",
     "InvalidApiKeyError",
     "InvalidStoreKeyError",
     "LimitExceededError",
     "ManifestError",
+    "NonFiniteInputError",
+    "PackageError",
     "ProtocolError",
     "RateLimitedError",
     "ScopeError",
@@ -61,6 +72,7 @@ __all__ = [
     "StoreError",
     "TandemError",
     "TensorError",
+    "TensorInputError",
     "UnsupportedMediaTypeError",
     "UnsupportedVersionError",
 ]
@@ -102,6 +114,11 @@ class ExpiredError(ManifestError):
     """A signed document past its expiry time."""
 
 
+class PackageError(ManifestError):
+    """A model package whose archive or folder is not exactly the files its manifest lists
+    (``shared._package``): nothing of it is written."""
+
+
 class UnsupportedMediaTypeError(ProtocolError):
     """An HTTP request body whose ``Content-Type`` or ``Content-Encoding`` the route
     does not take (answered 415)."""
@@ -125,6 +142,25 @@ class InvalidStoreKeyError(StoreError, ValueError):
 
 class ExampleShardError(TandemError, ValueError):
     """A shard of collected examples that is malformed, damaged, too large or of a newer format."""
+
+
+class TensorInputError(TandemError, ValueError):
+    """Tensors a model cannot take; each package raises its own type ``from`` this one."""
+
+
+class InputTooLargeError(TensorInputError):
+    """More rows than the model's batch holds, or more bytes than the runtime takes."""
+
+
+class NonFiniteInputError(TensorInputError):
+    """NaN or infinity in input ``name``: ``count`` values, ``nan`` of them NaN, of ``size``."""
+
+    def __init__(self, name: str, count: int, nan: int, size: int) -> None:
+        self.name, self.count, self.nan, self.size = name, count, nan, size
+        super().__init__(
+            f"input {name!r} holds {count} non-finite value{'s' if count != 1 else ''} "
+            f"({nan} NaN, {count - nan} infinite) of {size}"
+        )
 
 
 class ApiKeyError(TandemError):

@@ -30,6 +30,14 @@ Both validate in their constructor, refuse an unknown major ``spec_version``,
 and keep unknown fields (``extra``) so that a newer publisher's fields survive
 a round trip and stay covered by the signature.
 
+A **package** (``format: "onnx-genai"``: an ONNX Runtime GenAI model folder as
+one blob, ``shared._package`` has its fields) has ``blob`` = the zstd of the
+folder's canonical archive, ``package`` = each file's name, size and SHA-256,
+``smoke_test`` = a greedy generation (prompt, its ids, output ids) and empty
+``inputs``/``outputs``. A device built before packages refuses one at
+``format`` ("format must be onnx or tflite, got 'onnx-genai'") before it
+downloads anything; every manifest it could read before reads the same.
+
 Smoke-test tensors are ``{"datatype", "shape", "data"}`` with ``data`` the
 base64 of little-endian row-major bytes (never pickle), or, with
 ``"compression": "zstd"``, the base64 of one zstd frame of those bytes. A
@@ -56,6 +64,7 @@ from ._blobs import DELTA_METHODS, compress_blob, decompress_blob
 from ._cdn_paths import DIGEST_PATTERN
 from ._errors import ExpiredError, ManifestError, TensorError
 from ._limits import MAX_DOCUMENT_BYTES
+from ._package import PACKAGE_FORMATS, GenerationSmokeTest, PackageListing
 from ._signing import PublicKey, canonical_json, verify_signed
 from ._tensor_spec import TensorSpec
 from ._tensors import DATATYPES, datatype_of
@@ -67,7 +76,6 @@ __all__ = [
     "BlobRef",
     "DeltaRef",
     "ModelManifest",
-    "TensorRecord",
     "claimed_version",
     "decode_sample",
     "encode_sample",
@@ -80,7 +88,7 @@ __all__ = [
 SPEC_VERSION = "1.0"
 MAX_SMOKE_BYTES = 1024 * 1024  # decoded smoke-test tensors in all: what zstd may expand to
 _METHOD = re.compile(r"[a-z0-9][a-z0-9.+-]{0,39}")
-_FORMATS = frozenset({"onnx", "tflite"})
+_FORMATS = frozenset({"onnx", "tflite"}) | PACKAGE_FORMATS
 
 
 def claimed_version(raw: bytes | str) -> int | None:
@@ -224,10 +232,6 @@ class DeltaRef:
         }
 
 
-TensorRecord = TensorSpec
-"""Deprecated alias of ``shared.TensorSpec`` (what manifests called their tensor specs)."""
-
-
 def _tensor_specs(items: object, what: str) -> tuple[TensorSpec, ...]:
     if not isinstance(items, list):
         raise ManifestError(f"{what} must be a list of tensor specs")
@@ -316,6 +320,7 @@ _MANIFEST_KEYS = frozenset(
         "smoke_test",
         "published_at",
         "expires_at",
+        "package",
     }
 )
 
@@ -335,6 +340,7 @@ class ModelManifest:
     deltas: tuple[DeltaRef, ...] = ()
     quantization: dict[str, Any] = field(default_factory=dict)
     smoke_test: dict[str, Any] | None = None
+    package: PackageListing | None = None  # the files of a package (formats PACKAGE_FORMATS)
     spec_version: str = SPEC_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -343,7 +349,11 @@ class ModelManifest:
         _name(self.name, "model name")
         _int(self.version, "version", 1)
         if self.format not in _FORMATS:
-            raise ManifestError(f"format must be onnx or tflite, got {self.format!r}")
+            raise ManifestError(f"format must be onnx, tflite or onnx-genai, got {self.format!r}")
+        if self.is_package != (self.package is not None):
+            raise ManifestError(f"a package lists its files, and only a package: {self.format}")
+        if self.package is not None and self.package.total_size >= self.blob.raw_size:
+            raise ManifestError("package files add up to more than the archive's raw_size")
         if parse_time(self.expires_at, "expires_at") <= parse_time(
             self.published_at, "published_at"
         ):
@@ -352,12 +362,23 @@ class ModelManifest:
             raise ManifestError("requires and quantization must be objects")
         if self.labels is not None and not all(isinstance(x, str) for x in self.labels):
             raise ManifestError("labels must be strings")
-        if self.smoke_test is not None:
+        if self.smoke_test is not None and self.is_package:
+            self.generation_smoke()  # validates
+        elif self.smoke_test is not None:
             self.smoke_samples()  # validates
 
     @property
+    def is_package(self) -> bool:
+        """Whether the blob is a folder's archive (``package``) rather than one model file."""
+        return self.format in PACKAGE_FORMATS
+
+    @property
     def model_file(self) -> str:
-        return f"model.{self.format}"
+        return "package" if self.is_package else f"model.{self.format}"
+
+    def generation_smoke(self) -> GenerationSmokeTest:
+        """A package's smoke test (``ManifestError`` if it carries none, or a bad one)."""
+        return GenerationSmokeTest.from_dict(self.smoke_test)
 
     def expired(self, now: datetime | None = None) -> bool:
         return (now or datetime.now(UTC)) >= parse_time(self.expires_at, "expires_at")
@@ -404,6 +425,7 @@ class ModelManifest:
             deltas=tuple(DeltaRef.from_dict(x) for x in d.get("deltas", [])),
             quantization=d.get("quantization", {}),
             smoke_test=d.get("smoke_test"),
+            package=PackageListing.from_dict(d["package"]) if "package" in d else None,
             published_at=d.get("published_at"),  # type: ignore[arg-type]
             expires_at=d.get("expires_at"),  # type: ignore[arg-type]
             extra={k: v for k, v in d.items() if k not in _MANIFEST_KEYS},
@@ -430,6 +452,8 @@ class ModelManifest:
             d["labels"] = list(self.labels)
         if self.smoke_test is not None:
             d["smoke_test"] = self.smoke_test
+        if self.package is not None:
+            d["package"] = self.package.to_dict()
         canonical_json(d)  # fails early on what cannot be signed
         return d
 

@@ -1,4 +1,4 @@
-"""MQTT connection settings shared by the edge uplink and the hub worker.
+"""MQTT connection settings shared by the edge uplink and the hub's MQTT front.
 
 ``MqttSettings.from_url("mqtts://user:pass@host:8883")`` reads a broker URL;
 ``create_client`` builds a paho-mqtt 2.x client from settings: credentials,
@@ -115,6 +115,9 @@ class MqttSettings:
     reconnect_min_delay_s: float = 0.25  # backoff doubles from here …
     reconnect_max_delay_s: float = 8.0  # … up to here
     tcp_nodelay: bool = True
+    # Advertised in an MQTT 5 CONNECT: a compliant broker never delivers a larger packet
+    # (it drops it instead). None: no limit (MQTT 3.1.1 has no way to say one).
+    max_packet_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -133,6 +136,8 @@ class MqttSettings:
             raise ConfigError(f"connect_timeout_s must be > 0, got {self.connect_timeout_s!r}")
         if not 0 < self.reconnect_min_delay_s <= self.reconnect_max_delay_s:
             raise ConfigError("reconnect delays must satisfy 0 < min <= max")
+        if self.max_packet_bytes is not None and not 0 < self.max_packet_bytes < 1 << 32:
+            raise ConfigError(f"max_packet_bytes must be 1 to 2**32-1, got {self.max_packet_bytes}")
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> MqttSettings:

@@ -8,6 +8,13 @@ All topics hang under one prefix (default ``tandem/v1``)::
     {prefix}/infer/{model}             requests, the first layout (kept for a migration
                                          release: the reply goes where the request says)
     {prefix}/dev/{device}/reply        replies for one device
+    {prefix}/dev/{device}/generate/{model}  text-generation turns of one device (publishable
+                                         by it alone); hubs subscribe
+                                         $share/{group}/{prefix}/dev/+/generate/+
+    {prefix}/dev/{device}/cancel       that device's cancels of its turns; every hub
+                                         subscribes {prefix}/dev/+/cancel, not shared: the
+                                         replica running the turn must hear it
+    {prefix}/dev/{device}/text         the hub's chunks and finals for that device
     {prefix}/dev/{device}/assign       retained: model versions the device should run
     {prefix}/dev/{device}/status       update and health reports
     {prefix}/dev/{device}/telemetry    periodic metrics
@@ -105,6 +112,46 @@ class Topics:
         if not (NAME_PATTERN.fullmatch(device) and NAME_PATTERN.fullmatch(model)):
             return None
         return RequestTopic(model, device)
+
+    def device_generate(self, device: str, model: str) -> str:
+        """The text-generation request topic of one device for ``model``."""
+        return self._device(device, f"generate/{validate_name(model, 'model name')}")
+
+    def device_generate_filter(self, share_group: str | None = None) -> str:
+        """The hubs' subscription to every device's text turns (shared when a group is given)."""
+        topic = f"{self.prefix}/dev/+/generate/+"
+        if share_group is None:
+            return topic
+        return f"$share/{validate_name(share_group, 'share group')}/{topic}"
+
+    def cancel(self, device: str) -> str:
+        """Where a device cancels its text turns."""
+        return self._device(device, "cancel")
+
+    def cancel_filter(self) -> str:
+        """Every hub's subscription to cancels: never shared (the turn's replica must hear it)."""
+        return f"{self.prefix}/dev/+/cancel"
+
+    def text(self, device: str) -> str:
+        """Where a hub streams a device's chunks and finals (derived, never requested)."""
+        return self._device(device, "text")
+
+    def parse_text_topic(self, topic: str) -> RequestTopic | None:
+        """The device (and model) of a generate or cancel topic; None if it is neither.
+
+        A cancel topic names no model: ``RequestTopic.model`` is ``""`` then.
+        """
+        head = f"{self.prefix}/dev/"
+        if not topic.startswith(head):
+            return None
+        parts = topic[len(head) :].split("/")
+        if not NAME_PATTERN.fullmatch(parts[0]):
+            return None
+        if len(parts) == 2 and parts[1] == "cancel":
+            return RequestTopic("", parts[0])
+        if len(parts) == 3 and parts[1] == "generate" and NAME_PATTERN.fullmatch(parts[2]):
+            return RequestTopic(parts[2], parts[0])
+        return None
 
     def model_from_infer_topic(self, topic: str) -> str | None:
         """The model named by a request topic, or ``None`` if it is not one."""

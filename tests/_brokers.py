@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from model_cdn._mqtt_acl import mosquitto_password_hash
+from tandem.broker import mosquitto_password_hash, render_broker_limits
 
 __all__ = [
     "BrokerTls",
@@ -102,6 +102,8 @@ class MosquittoProcess:
     By default it listens in plain MQTT and lets anyone in. ``password_file``
     turns anonymous access off and checks credentials against that file;
     ``tls`` makes the one listener a TLS listener. ``extra_config`` is appended.
+    It carries the generated size limit (``tandem.broker._conf``) unless
+    ``size_limit=False``.
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class MosquittoProcess:
         password_file: Path | None = None,
         tls: BrokerTls | None = None,
         dynsec_file: Path | None = None,
+        size_limit: bool = True,
     ) -> None:
         exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         if not Path(exe).exists():
@@ -143,7 +146,9 @@ class MosquittoProcess:
         self.config.write_text(
             listener + auth + "set_tcp_nodelay true\n"
             "persistence false\n"
-            "max_queued_messages 100000\n" + extra_config
+            "max_queued_messages 100000\n"
+            # what 'tandem fleet provision --broker-conf' writes (size_limit=False: none)
+             + (render_broker_limits() if size_limit else "") + extra_config
         )
         self.process: subprocess.Popen[bytes] | None = None
 

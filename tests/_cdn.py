@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from model_cdn import BlobNotFoundError
-from model_cdn.store import BlobStore, LocalBlobStore
 from shared import (
     Assignment,
     BlobRef,
@@ -30,6 +29,7 @@ from shared import (
     format_time,
     sign_document,
 )
+from shared.server.store import BlobStore, LocalBlobStore
 
 __all__ = [
     "PG_ADMIN_URL",
@@ -85,7 +85,7 @@ class RecordingLink:
     """An ``AssignmentLink`` that keeps what it was given: (device, document, wait_s).
 
     For tests of the controller's decisions without a broker; the MQTT path
-    itself is tested against real Mosquitto (test_cdn_publisher.py).
+    itself is tested against real Mosquitto (test_assignment_sender.py).
     """
 
     def __init__(self) -> None:

@@ -24,8 +24,8 @@ import pytest
 
 from model_cdn import create_app
 from model_cdn.registry import Registry, SqliteRegistry
-from model_cdn.store import BlobStore
 from shared import SigningKey, digest
+from shared.server.store import BlobStore
 
 from ._cdn import NoWholeReadLocalStore, StreamOnlyStore, make_manifest_doc, serve_in_thread
 
@@ -75,8 +75,8 @@ def make_cdn_fixture(tmp_path: Path) -> Iterator[Callable[..., Cdn]]:
             )
             options.setdefault("admin_token", ADMIN)
             app = create_app(registry=registry, store=blobs, **options)
-            if app.state.publisher is not None:  # its own MQTT link (``mqtt=``)
-                stack.callback(app.state.publisher.close)
+            if app.state.sender is not None:  # its own MQTT link (``mqtt=``)
+                stack.callback(app.state.sender.close)
             url = stack.enter_context(serve_in_thread(app))
             client = stack.enter_context(httpx.Client(base_url=url, timeout=30))
             return Cdn(url, client, registry, blobs, root)

@@ -22,8 +22,8 @@ from edge_agent.updater import CurrentPointer, TrustRecord
 from model_cdn import LocalBlobStore, open_registry, publish_model
 from model_cdn.registry import Registry
 from shared import ModelManifest, SigningKey, decompress_blob
-from tandem._data import DigitSplits, load_digit_splits
-from tandem._training import build_demo_models
+from tandem.demo.data import DigitSplits, load_digit_splits
+from tandem.demo.models import build_demo_models
 
 __all__ = ["DemoVersions", "fine_tuned", "provision", "publish_demo_versions"]
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from shared import EdgeAnswer, ExampleRows, input_digests, top_classes, write_shard
-from shared.store import BlobStore
+from shared import EdgeAnswer, ExampleRows, input_digests, top_classes
+from shared.server import write_shard
+from shared.server.store import BlobStore
 
 __all__ = ["collect_offline", "logits_of"]
 

@@ -48,12 +48,12 @@ class Device:
         model: str,
         tensors: dict[str, np.ndarray],
         *,
-        own_topic: bool = False,
+        own_topic: bool = True,
         retain: bool = False,
         **fields: Any,
     ) -> str:
-        """Publish a request: on the first layout's topic, or with ``own_topic`` on the
-        device's own (``…/dev/{device}/infer/{model}``)."""
+        """Publish a request: on the device's own topic (``…/dev/{device}/infer/{model}``),
+        or with ``own_topic=False`` on the first layout's (a hub's ``legacy_topics``)."""
         fields.setdefault("reply_to", self.reply_topic)
         message = Message(
             kind="request",

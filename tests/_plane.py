@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import paho.mqtt.client as paho
 
-from cloud_hub._plane_spec import PlaneSpec, plan_executors
-from cloud_hub._supervisor import HubSupervisor
+from cloud_hub.plane._spec import PlaneSpec, plan_executors
+from cloud_hub.plane._supervisor import HubSupervisor
 from shared import Message, MqttSettings, Topics, create_client, decode_message, encode_message
 
 from ._models import linear_classifier_weights, write_linear_classifier

@@ -3,6 +3,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,6 +12,10 @@ from model_cdn.registry import Registry, open_registry
 from ._brokers import MosquittoProcess
 from ._cdn import postgres_available, postgres_database
 from ._models import write_linear_classifier
+from ._needs import need
+
+# The text-over-MQTT tests share their served hub and peers across two files.
+pytest_plugins = ["tests._text_mqtt"]
 
 
 @pytest.fixture(scope="session")
@@ -36,14 +41,12 @@ def linear_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # Registries over both backends: a test asking for ``registry`` runs on a SQLite file and on
-# a PostgreSQL schema of its own (skipped where PostgreSQL is not reachable).
+# a PostgreSQL schema of its own (skipped where PostgreSQL is not reachable, failed under CI).
 
 
 @pytest.fixture(scope="module")
 def postgres_url() -> Iterator[str]:
-    reason = postgres_available()
-    if reason is not None:
-        pytest.skip(reason)
+    need(postgres_available())
     with postgres_database() as url:
         yield url
 
@@ -72,3 +75,14 @@ def registry(registry_url: str) -> Iterator[Registry]:
     reg = open_registry(registry_url)
     yield reg
     reg.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_language_models(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny device/hub language pair (``tests/_language.py``), built once per session:
+    ``.device_model`` and ``.hub_model`` are ONNX Runtime GenAI folders."""
+    from tandem.demo.language import build_language_models
+
+    from ._language import tiny_recipe
+
+    return build_language_models(tmp_path_factory.mktemp("lm-cache"), recipe=tiny_recipe())

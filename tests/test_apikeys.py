@@ -13,15 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from shared import (
+from shared import ConfigError, InvalidApiKeyError, RateLimitedError, ScopeError
+from shared.server import (
     API_KEY_SCOPES,
     ApiKey,
     ApiKeyFile,
     ApiKeyGuard,
-    ConfigError,
-    InvalidApiKeyError,
-    RateLimitedError,
-    ScopeError,
     TokenBucket,
     generate_api_key,
     parse_api_key,
@@ -134,7 +131,7 @@ def test_a_key_needs_one_of_the_scopes_the_route_accepts() -> None:
         guard.check(text, ["infer"])
     with pytest.raises(ScopeError):
         guard.check(text, ["models:publish", "rollout:admin"])
-    assert {"infer", "models:read", "models:publish", "rollout:admin"} == API_KEY_SCOPES
+    assert {"infer", "generate", "models:read", "models:publish", "rollout:admin"} == API_KEY_SCOPES
 
 
 def test_refused_requests_take_no_token() -> None:

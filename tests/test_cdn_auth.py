@@ -22,8 +22,9 @@ import pytest
 
 from model_cdn import create_app
 from model_cdn.registry import SqliteRegistry
-from model_cdn.store import LocalBlobStore
-from shared import ApiKeyFile, ApiKeyGuard, digest, generate_api_key, parse_api_key
+from shared import digest
+from shared.server import ApiKeyFile, ApiKeyGuard, generate_api_key, parse_api_key
+from shared.server.store import LocalBlobStore
 
 from ._cdn import serve_in_thread
 from ._cli import tandem_env

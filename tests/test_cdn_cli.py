@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 from model_cdn.registry import open_registry
-from model_cdn.store import LocalBlobStore
 from shared import (
     PublicKey,
     SigningKey,
@@ -29,6 +28,7 @@ from shared import (
     verify_assignment,
     verify_manifest,
 )
+from shared.server.store import LocalBlobStore
 
 from ._brokers import MosquittoProcess, free_port, wait_for_port
 from ._cdn import make_manifest_doc, receive_retained

@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from model_cdn import create_app
 from model_cdn.registry import SqliteRegistry
-from model_cdn.store import BlobStore
 from shared import SigningKey, digest
+from shared.server.store import BlobStore
 
 from ._cdn import NoWholeReadLocalStore, StreamOnlyStore, make_manifest_doc, serve_in_thread
 

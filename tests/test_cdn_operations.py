@@ -1,4 +1,4 @@
-"""The CDN's write operations as a library (``model_cdn._operations``): the one code path
+"""The CDN's write operations as a library (``model_cdn._versions``): the one code path
 the admin API and the CLI's local mode share, over a real SQLite registry and blob store.
 
 Refusals are named after the mistake or attack they stop; after each one the
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from model_cdn import (
-    AssignmentPublisher,
+    AssignmentSender,
     DocumentRejectedError,
     InvalidNameError,
     LocalBlobStore,
@@ -233,7 +233,7 @@ def published(cdn: Cdn) -> Cdn:
     return cdn
 
 
-def test_without_a_publisher_an_assignment_is_stored_for_polling_devices(published: Cdn) -> None:
+def test_without_a_sender_an_assignment_is_stored_for_polling_devices(published: Cdn) -> None:
     doc = make_assignment_doc(KEY, "cam-1", "mnist", 1)
     result = assign_version(published.registry, None, "cam-1", "mnist", doc, trusted_keys=TRUSTED)
     assert result.to_dict() == {
@@ -243,9 +243,9 @@ def test_without_a_publisher_an_assignment_is_stored_for_polling_devices(publish
         "published": False,
     }
     assert published.registry.get_assignment("cam-1", "mnist") == doc
-    # a publisher without a link (no broker) is the same
+    # a sender without a link (no broker) is the same
     again = assign_version(
-        published.registry, AssignmentPublisher(), "cam-1", "mnist", doc, trusted_keys=TRUSTED
+        published.registry, AssignmentSender(), "cam-1", "mnist", doc, trusted_keys=TRUSTED
     )
     assert again.published is False
 
@@ -283,14 +283,14 @@ def test_an_assignment_that_cannot_be_right_is_refused_and_not_stored(
     assert published.registry.get_assignment("cam-2", "mnist") is None
 
 
-def test_an_assignment_with_a_publisher_is_stored_and_published_retained(
+def test_an_assignment_with_a_sender_is_stored_and_published_retained(
     published: Cdn, mosquitto: MosquittoProcess
 ) -> None:
     topics = Topics("ops-test/v1")
     doc = make_assignment_doc(KEY, "cam-3", "mnist", 1)
-    with AssignmentPublisher.connect(MqttSettings.from_url(mosquitto.url), topics) as publisher:
+    with AssignmentSender.connect(MqttSettings.from_url(mosquitto.url), topics) as sender:
         result = assign_version(
-            published.registry, publisher, "cam-3", "mnist", doc, trusted_keys=TRUSTED
+            published.registry, sender, "cam-3", "mnist", doc, trusted_keys=TRUSTED
         )
     assert result.published is True
     assert published.registry.get_assignment("cam-3", "mnist") == doc

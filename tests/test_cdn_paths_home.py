@@ -13,9 +13,6 @@ from model_cdn import LocalBlobStore, create_app, open_registry
 from shared import CdnPaths
 
 ROOT = Path(__file__).resolve().parents[1]
-# Modules of the CLI side that issue 13 (item 1) moves out of model_cdn or onto
-# shared.CdnPaths in another branch; a file here is skipped only while it exists.
-PENDING = {"model_cdn/_admin_client.py", "model_cdn/simulator/_fetch.py"}
 
 
 def docstrings(tree: ast.Module) -> set[int]:
@@ -45,12 +42,7 @@ def v1_literals(path: Path, root: Path = ROOT) -> list[str]:
 def test_model_cdn_writes_no_v1_path_outside_shared_cdn_paths() -> None:
     files = sorted((ROOT / "model_cdn").rglob("*.py"))
     assert files
-    found = [
-        hit
-        for path in files
-        if path.relative_to(ROOT).as_posix() not in PENDING
-        for hit in v1_literals(path)
-    ]
+    found = [hit for path in files for hit in v1_literals(path)]
     assert found == []
 
 

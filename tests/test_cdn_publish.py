@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from model_cdn._errors import (
+from model_cdn import (
     InvalidNameError,
     ModelNotFoundError,
     PublishError,
@@ -29,8 +29,7 @@ from model_cdn.publish import (
     quantize_model,
     shrink_model,
 )
-from model_cdn.registry._base import Registry, VersionRecord
-from model_cdn.store import LocalBlobStore
+from model_cdn.registry import Registry, VersionRecord
 from shared import (
     DeltaRef,
     SignatureError,
@@ -41,8 +40,9 @@ from shared import (
     make_delta,
     verify_manifest,
 )
-from tandem._data import DigitSplits, load_digit_splits
-from tandem._training import DemoModels, TrainingRecipe, build_demo_models
+from shared.server.store import LocalBlobStore
+from tandem.demo.data import DigitSplits, load_digit_splits
+from tandem.demo.models import DemoModels, TrainingRecipe, build_demo_models
 
 LABELS = [str(i) for i in range(10)]
 
@@ -502,7 +502,6 @@ def test_a_torch_module_is_exported_and_published(key: SigningKey, tmp_path: Pat
 
 
 def test_tflite_files_are_validated_against_the_float_onnx(key: SigningKey, tmp_path: Path) -> None:
-    pytest.importorskip("ai_edge_litert.interpreter")
     from ._models import write_linear_classifier
     from ._tflite_models import linear_classifier_tflite
 
@@ -555,7 +554,7 @@ def test_shrinking_keeps_what_the_model_computes(demo: DemoModels, digits: Digit
 # --------------------------------------------------------------------------- public API
 
 
-@pytest.mark.parametrize("package", ["model_cdn.publish", "model_cdn.store"])
+@pytest.mark.parametrize("package", ["model_cdn.publish", "shared.server.store"])
 def test_packages_name_their_public_api_in_all(package: str) -> None:
     module = importlib.import_module(package)
     public = {

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from model_cdn._errors import PublishError
+from model_cdn import PublishError
 from model_cdn.publish import load_samples
 
 

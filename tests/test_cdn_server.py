@@ -17,8 +17,7 @@ from typing import Any
 
 import pytest
 
-from model_cdn import CdnError
-from model_cdn._assign import make_assignment, publish_assignment
+from model_cdn import AssignmentSender, CdnError, make_assignment
 from shared import MqttSettings, Topics, digest, verify_assignment
 
 from ._brokers import MosquittoProcess, free_port
@@ -393,11 +392,7 @@ def test_make_assignment_signs_a_document_devices_accept() -> None:
         make_assignment(KEY, device="cam-1", model="mnist", version=3, ttl_days=0)
 
 
-def test_publish_assignment_to_nowhere_is_one_clear_error() -> None:
+def test_sending_an_assignment_to_nowhere_is_one_clear_error() -> None:
     settings = MqttSettings.from_url(f"mqtt://127.0.0.1:{free_port()}", connect_timeout_s=2.0)
-    doc = make_assignment(KEY, device="cam-1", model="mnist", version=1)
-    with (
-        pytest.warns(DeprecationWarning, match="AssignmentPublisher"),
-        pytest.raises(CdnError, match=r"cannot reach the MQTT broker at mqtt://127\.0\.0\.1:"),
-    ):
-        publish_assignment(settings, Topics(), "cam-1", doc, timeout_s=2.0)
+    with pytest.raises(CdnError, match=r"cannot reach the MQTT broker at mqtt://127\.0\.0\.1:"):
+        AssignmentSender.connect(settings, Topics(), ack_timeout_s=2.0)

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from shared import digest
-from tandem._training import build_demo_models
 from tandem.demo import DemoConfig
+from tandem.demo.models import build_demo_models
 
 ROOT = Path(__file__).resolve().parents[1]
 

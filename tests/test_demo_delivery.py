@@ -17,10 +17,10 @@ import pytest
 
 from edge_agent.updater import DeviceModelStore
 from shared import MqttSettings, Topics, digest
-from tandem._data import DigitSplits, load_digit_splits
-from tandem._delivery import EDGE_MODEL, EdgeDelivery, deliver_edge_model
-from tandem._training import DemoModels, build_demo_models
-from tandem.demo import DeliveryError
+from tandem.demo import DeliveryError, EdgeDelivery
+from tandem.demo._delivery import EDGE_MODEL, deliver_edge_model
+from tandem.demo.data import DigitSplits, load_digit_splits
+from tandem.demo.models import DemoModels, build_demo_models
 
 DEVICES = ["dev-a", "dev-b", "dev-c"]
 # The agents waiting for their first model are configured with a broker but never

@@ -14,9 +14,9 @@ import pytest
 
 from model_cdn import LocalBlobStore, open_registry, publish_model
 from shared import SigningKey, decompress_blob
-from tandem import _training
-from tandem._data import DigitSplits, load_digit_splits
-from tandem._training import (
+from tandem.demo import models as _training
+from tandem.demo.data import DigitSplits, load_digit_splits
+from tandem.demo.models import (
     HUB_MODEL_CONFIG,
     MODEL_NAME,
     QUANTIZATION,

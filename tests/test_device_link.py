@@ -35,7 +35,6 @@ from edge_agent import (
     Source,
     TelemetryReporter,
 )
-from model_cdn._mqtt_dynsec import provision_dynsec
 from model_cdn.fleet import FleetEvent, FleetLink
 from shared import (
     DeviceReport,
@@ -47,9 +46,11 @@ from shared import (
     UpdateStatus,
     device_client_id,
 )
+from tandem.broker import provision_dynsec
 
 from ._brokers import MosquittoProcess, dynsec_plugin
 from ._models import linear_classifier_weights, write_linear_classifier
+from ._needs import need
 from ._responder import Responder
 from ._test_cdn import LoopbackCdn
 from ._update_kit import MODEL, SAMPLE, Rig, wait_until
@@ -86,7 +87,7 @@ def bound(tmp_path: Path) -> Iterator[BoundBroker]:
     """A Mosquitto run from ``tandem fleet provision``'s dynamic-security file: client ids
     bound to credentials, and only the per-device request topics."""
     if dynsec_plugin() is None:
-        pytest.skip("Mosquitto's dynamic-security plugin is not installed")
+        need("Mosquitto's dynamic-security plugin is not installed")
     state = tmp_path / "dynsec.json"
     done = provision_dynsec(["hub", "cdn", DEVICE], dynsec_file=state, legacy_topics=False)
     broker = MosquittoProcess(tmp_path, dynsec_file=state).start()

@@ -79,6 +79,32 @@ def test_bad_input_is_a_typed_error_naming_the_problem(linear_onnx: Path) -> Non
         assert agent.stats.requests == 0  # rejected calls are not counted as answered
 
 
+@pytest.mark.parametrize(
+    ("deadline", "words"),
+    [
+        ("50", "got str '50'"),
+        (True, "got bool"),
+        (np.array([50.0]), "got ndarray"),
+        (float("nan"), "positive and finite"),
+        (float("inf"), "positive and finite"),
+        (-5, "positive and finite"),
+    ],
+)
+def test_a_deadline_that_is_not_a_positive_number_is_a_typed_error(
+    linear_onnx: Path, deadline: object, words: str
+) -> None:
+    """Issue 21: ``deadline_ms="50"`` was taken as 50 ms without a word."""
+    with make_agent(linear_onnx, None, OffloadPolicy.always_local()) as agent:
+        with pytest.raises(InvalidInputError, match="deadline_ms") as raised:
+            agent.infer(sample(), deadline_ms=deadline)  # type: ignore[arg-type]
+        assert words in str(raised.value) and "\n" not in str(raised.value)
+        assert agent.stats.requests == 0
+        for fine in (50, 50.0, np.float32(50), np.int64(50)):
+            assert agent.infer(sample(), deadline_ms=fine).source is Source.EDGE  # type: ignore[arg-type]
+    with pytest.raises(InvalidInputError, match="default_deadline_ms"):
+        make_agent(linear_onnx, None, OffloadPolicy.always_local(), default_deadline_ms=deadline)
+
+
 def test_cloud_answer_wins_and_reports_where_it_came_from(
     linear_onnx: Path, mosquitto: MosquittoProcess
 ) -> None:

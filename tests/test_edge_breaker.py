@@ -97,3 +97,20 @@ def test_a_hub_that_answered_overloaded_keeps_its_cool_down() -> None:
     assert not breaker.awaiting_silence
     breaker.probe_now()
     assert breaker.state is BreakerState.OPEN and not breaker.allow()
+
+
+def test_a_success_resets_the_doubled_cool_down() -> None:
+    clock = FakeClock()
+    breaker = CircuitBreaker(failure_threshold=1, cooldown_s=1.0, max_cooldown_s=8.0, clock=clock)
+    breaker.record_failure()
+    for _ in range(2):  # two failed probes: the cool-down is 4 s now
+        clock.now += 10.0
+        assert breaker.allow()
+        breaker.record_failure()
+    clock.now += 4.0
+    assert breaker.allow()
+    breaker.record_success()  # the cloud is back: the next outage starts from the base again
+    breaker.record_failure()
+    assert breaker.state is BreakerState.OPEN
+    clock.now += 1.0
+    assert breaker.state is BreakerState.HALF_OPEN

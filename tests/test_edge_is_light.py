@@ -97,15 +97,73 @@ def test_the_static_check_sees_every_kind_of_import() -> None:
         "from . import tandem\n"  # relative: our own module, not the package
         "def f():\n"
         "    import importlib\n"
-        "    importlib.import_module('cloud_hub._batcher')\n"
+        "    importlib.import_module('cloud_hub.batching._batcher')\n"
         "    __import__('model_cdn')\n"
         "from tandems import x\n"
     )
     modules = [module for _, module in imported_modules(ast.parse(source))]
     assert sorted(m for m in modules if is_heavy(m)) == [
-        "cloud_hub._batcher",
+        "cloud_hub.batching._batcher",
         "fastapi",
         "model_cdn",
         "torch.nn",
         "uvicorn",
     ]
+
+
+# What only servers use lives in shared.server: devices never import it.
+SERVER_ONLY = "shared.server"
+IMPORT_DEVICE_SIDE = """
+import importlib, json, pkgutil, sys
+import shared
+import edge_agent
+for info in pkgutil.walk_packages(edge_agent.__path__, prefix="edge_agent."):
+    if not info.name.endswith(".__main__"):
+        importlib.import_module(info.name)
+print(json.dumps(sorted(name for name in sys.modules if name.startswith("shared.server"))))
+"""
+
+
+def relative_target(path: Path, node: ast.ImportFrom) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts[:-1])
+    base = parts[: len(parts) - (node.level - 1)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def test_no_device_module_imports_what_only_servers_use() -> None:
+    offences: list[str] = []
+    device_files = [
+        p
+        for p in sorted(ROOT.rglob("*.py"))
+        if p.relative_to(ROOT).parts[0] in ("edge_agent", "shared")
+        and "server" not in p.relative_to(ROOT).parts
+    ]
+    assert device_files
+    for path in device_files:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        modules = [module for _, module in imported_modules(tree)]
+        modules += [
+            relative_target(path, node) + "." + alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.level
+            for alias in node.names
+        ]
+        offences += [
+            f"{path.relative_to(ROOT)}: {m}"
+            for m in modules
+            if m == SERVER_ONLY or m.startswith(SERVER_ONLY + ".")
+        ]
+    assert not offences, "device code imports shared.server:\n" + "\n".join(offences)
+
+
+def test_importing_the_device_side_loads_nothing_server_only() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORT_DEVICE_SIDE],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []

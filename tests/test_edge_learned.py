@@ -88,7 +88,10 @@ def test_a_router_travels_as_json_and_scores_the_same(tmp_path: Path) -> None:
     edge, cloud, y = _pair(800, seed=4)
     router = LearnedScore.fit(edge, cloud, y)
     path = tmp_path / "router.json"
-    router.save(path)
+    path.write_text("an older router")
+    older = path.stat().st_ino
+    router.save(path)  # written aside and renamed over: a reader sees one router or the other
+    assert path.stat().st_ino != older and [p.name for p in tmp_path.iterdir()] == [path.name]
     document = json.loads(path.read_text())
     assert document["format"] == "tandem.learned-score/2" and document["classes"] == 5
     assert document["features"] == "ranked" and document["l2"] in L2_GRID

@@ -21,8 +21,9 @@ import pytest
 
 from cloud_hub import Hub
 from edge_agent import EdgeAgent, ExampleSharing, OffloadPolicy
-from shared import MqttSettings, Topics, input_digests, list_shards, load_examples
-from shared.store import LocalBlobStore
+from shared import MqttSettings, Topics, input_digests
+from shared.server import list_shards, load_examples
+from shared.server.store import LocalBlobStore
 
 from ._models import write_linear_classifier
 
@@ -82,7 +83,7 @@ def settle(setup: dict[str, Any], requests: int, kept: int) -> None:
         )
 
     deadline = time.monotonic() + 15
-    while hub.worker.stats().get("replied_ok", 0) < requests or collected() < kept:
+    while hub.mqtt_front.stats().get("replied_ok", 0) < requests or collected() < kept:
         assert time.monotonic() < deadline, "the hub did not answer in time"
         time.sleep(0.02)
     hub.collector.flush()

@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "edge_agent"
 TELEMETRY_MODULES = ("edge_agent._telemetry", "edge_agent._report")
-AGENT_MODULES = {"edge_agent._agent", "edge_agent._base_agent"}
+AGENT_MODULES = {"edge_agent._agent", "edge_agent._agent_core"}
 SHARED_FACTS = {"MAX_DOCUMENT_BYTES", "MAX_BLOB_BYTES", "DIGEST_PATTERN"}
 TIMING_KEYS = {"queue_ms", "compute_ms", "hub_ms"}
 
@@ -90,9 +90,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_import_graph_sees_the_agent_modules() -> None:
     graph = import_graph()
-    assert "edge_agent._base_agent" in graph["edge_agent._agent"]
-    assert "edge_agent._telemetry" in graph["edge_agent._base_agent"]
-    assert "edge_agent._base_agent" in graph["edge_agent.updater._updater"]  # from ..
+    assert "edge_agent._agent_core" in graph["edge_agent._agent"]
+    assert "edge_agent._telemetry" in graph["edge_agent._agent_core"]
+    assert "edge_agent._agent_core" in graph["edge_agent.updater._updater"]  # from ..
 
 
 def test_edge_modules_import_each_other_without_cycles() -> None:

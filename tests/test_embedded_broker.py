@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import paho.mqtt.client as mqtt
 import pytest
 
-from tandem._broker import BrokerStartError, EmbeddedBroker
+from tandem.broker import BrokerStartError, EmbeddedBroker
 
 from ._brokers import free_port
 
@@ -129,3 +129,31 @@ def test_stop_with_a_client_still_connected() -> None:
 def test_invalid_port_is_refused() -> None:
     with pytest.raises(ValueError, match="port"):
         EmbeddedBroker(port=70000)
+
+
+def test_a_packet_over_the_limit_ends_its_connection_and_reaches_no_one() -> None:
+    """amqtt has no size limit of its own; the embedded broker refuses before reading."""
+    with EmbeddedBroker(max_packet_bytes=4096) as b:
+        hub, sender = _Client(b.port, "cap-hub"), _Client(b.port, "cap-sender")
+        try:
+            hub.client.subscribe("tandem/cap/+", qos=1)
+            assert hub.subscribed.wait(10), "no SUBACK"
+            sender.client.publish("tandem/cap/big", b"x" * 8192, qos=1)
+            assert sender.disconnected.wait(10), "the broker kept a client over the limit"
+            other = _Client(b.port, "cap-other")  # everyone else is served as before
+            try:
+                other.client.publish("tandem/cap/small", b"y" * 1000, qos=1)
+                assert hub.got_message.wait(10), "a message within the limit was lost"
+                assert [m.topic for m in hub.received] == ["tandem/cap/small"]
+            finally:
+                other.close()
+        finally:
+            hub.close()
+            sender.close()
+
+
+def test_the_default_limit_is_tandems_frame_limit() -> None:
+    from shared import Limits, mqtt_max_packet_bytes
+
+    assert EmbeddedBroker().max_packet_bytes == mqtt_max_packet_bytes()
+    assert mqtt_max_packet_bytes() > Limits().max_frame_bytes

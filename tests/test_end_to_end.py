@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +16,7 @@ import pytest
 from cloud_hub import Hub
 from edge_agent import CircuitBreaker, EdgeAgent, InferenceResult, OffloadPolicy, Source
 from edge_agent.runtimes import load_runtime
-from shared import MqttSettings, Topics
+from shared import MqttSettings, Topics, create_client
 
 from ._brokers import MosquittoProcess
 from ._hubs import HubProcess
@@ -78,7 +81,7 @@ def test_agents_get_the_hubs_answers_through_mosquitto(
 
 
 def test_agents_and_hub_work_over_the_embedded_broker(linear_onnx: Path, tmp_path: Path) -> None:
-    from tandem._broker import EmbeddedBroker
+    from tandem.broker import EmbeddedBroker
 
     topics = Topics("e2e/amqtt")
     repo = write_repo(tmp_path / "repo")
@@ -128,9 +131,11 @@ def test_hub_killed_mid_batch_requests_fall_back_and_a_restarted_hub_serves(
                     results.append(r)
 
             threads = [threading.Thread(target=call) for _ in range(8)]
-            for t in threads:
-                t.start()
-            time.sleep(0.5)  # the requests are now delivered to the frozen hub
+            with _request_spy(mosquitto, topics) as routed:
+                for t in threads:
+                    t.start()
+                # the broker routed all eight: to the spy, and in the same step to the hub
+                assert routed.wait(8, timeout_s=30), "the requests never reached the broker"
             hub.kill()
             for t in threads:
                 t.join()
@@ -151,6 +156,41 @@ def test_hub_killed_mid_batch_requests_fall_back_and_a_restarted_hub_serves(
             assert source is Source.CLOUD, (tmp_path / "hub.log").read_text()
     finally:
         hub.stop()
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.n = 0
+        self._cond = threading.Condition()
+
+    def add(self) -> None:
+        with self._cond:
+            self.n += 1
+            self._cond.notify_all()
+
+    def wait(self, n: int, timeout_s: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self.n >= n, timeout_s)
+
+
+@contextmanager
+def _request_spy(mosquitto: MosquittoProcess, topics: Topics) -> Iterator[_Counter]:
+    """A second subscriber to every request topic, counting what the broker routes."""
+    settings = MqttSettings.from_url(mosquitto.url)
+    client = create_client(settings, f"spy-{uuid.uuid4().hex[:8]}", protocol="3.1.1")
+    routed, subscribed = _Counter(), threading.Event()
+    filters = [(topics.device_infer_filter(), 0), (topics.infer_filter(), 0)]
+    client.on_connect = lambda c, _u, _f, _rc, _p: c.subscribe(filters)
+    client.on_subscribe = lambda *_: subscribed.set()
+    client.on_message = lambda *_: routed.add()
+    client.connect("127.0.0.1", settings.port)
+    client.loop_start()
+    try:
+        assert subscribed.wait(30), "the spy never subscribed"
+        yield routed
+    finally:
+        client.disconnect()
+        client.loop_stop()
 
 
 def _wait_until_subscribed(mosquitto: MosquittoProcess, topics: Topics) -> None:

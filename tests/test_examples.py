@@ -47,8 +47,15 @@ def test_async_service_answers_concurrent_http_requests_from_both_sides(
     example: Callable[[str], Callable[..., Any]], mosquitto: MosquittoProcess
 ) -> None:
     outcome = example("async_service")(broker_url=mosquitto.url, n=120)
-    assert set(outcome["sources"]) == {"edge", "cloud"}
-    assert set(outcome["reasons"]) == {"confident", "uncertain"}
+    sources, reasons = outcome["sources"], outcome["reasons"]
+    assert sum(sources.values()) == 120  # every request answered
+    # Both sides answer; on a loaded machine a few calls may also miss the hub's
+    # deadline, and those come back as the local answer, marked degraded.
+    assert {"edge", "cloud"} <= set(sources) <= {"edge", "cloud", "edge-fallback"}
+    assert outcome["degraded"] == sources.get("edge-fallback", 0)
+    assert {"confident", "uncertain"} <= set(reasons)
+    others = set(reasons) - {"confident", "uncertain"}
+    assert all(r.startswith(("fallback:", "heavy:")) for r in others), others
     assert outcome["accuracy"] > 0.9
     assert outcome["nan_status"] == 422  # the agent's InvalidInputError, as the client's error
 

@@ -18,7 +18,7 @@ import pytest
 
 from cloud_hub import Hub
 from cloud_hub.http import HttpServer, create_app
-from shared import ApiKeyFile, ApiKeyGuard, generate_api_key
+from shared.server import ApiKeyFile, ApiKeyGuard, generate_api_key
 
 from ._cli import tandem_env
 from ._hub_http_kit import WAIT_S, hub_fixture, infer_json, rows

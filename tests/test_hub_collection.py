@@ -21,22 +21,12 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cloud_hub import Hub, ModelConfig, ModelConfigError
-from cloud_hub._batcher import HubResult
-from cloud_hub._collect import ExampleCollector
-from cloud_hub._collect_config import CollectionConfig
-from cloud_hub._collect_rules import shards_to_delete
-from shared import (
-    EdgeAnswer,
-    Message,
-    MqttSettings,
-    Topics,
-    input_digests,
-    list_shards,
-    load_examples,
-    top_classes,
-)
-from shared.store import LocalBlobStore
+from cloud_hub import CollectionConfig, Hub, HubResult, ModelConfig, ModelConfigError
+from cloud_hub.collect._collector import ExampleCollector
+from cloud_hub.collect._rules import shards_to_delete
+from shared import EdgeAnswer, Message, MqttSettings, Topics, input_digests, top_classes
+from shared.server import list_shards, load_examples
+from shared.server.store import LocalBlobStore
 
 from ._models import linear_classifier_weights, write_linear_classifier
 from ._mqtt_device import Device
@@ -339,7 +329,7 @@ def test_the_byte_budget_deletes_the_oldest_shards(tmp_path: Path) -> None:
 
 
 def test_shards_past_retention_go_first_then_the_oldest_over_budget() -> None:
-    from shared import ShardManifest
+    from shared.server import ShardManifest
 
     def shard(key: str, created: float, size: int) -> ShardManifest:
         return ShardManifest(

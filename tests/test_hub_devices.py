@@ -12,11 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cloud_hub import OnnxExecutor, RepositoryError, TensorSpec
-from cloud_hub._config import InstanceGroup, ModelConfig
-from cloud_hub._errors import ModelConfigError
-from cloud_hub._plane_spec import PlaneSpec, plan_executors
+from cloud_hub import ModelConfig, ModelConfigError, OnnxExecutor, RepositoryError, TensorSpec
 from cloud_hub.executors._onnx_gpu import cuda_index, fp16_agrees, providers_for, trt_profile
+from cloud_hub.plane._spec import PlaneSpec, plan_executors
+from cloud_hub.repository._config import InstanceGroup
 
 from ._models import write_linear_classifier
 
@@ -110,5 +109,5 @@ def test_the_plan_has_one_executor_per_instance(tmp_path: Path) -> None:
     assert {e.device for e in plan_executors(tmp_path, "h1", device="cpu", gpus=2)} == {"cpu"}
     spec = PlaneSpec(hub_id="h1", repo=str(tmp_path), metrics_dir="", executors=plan)
     assert PlaneSpec.from_json(spec.to_json()) == spec  # addresses hold a NUL: they survive
-    assert spec.routes()["b"].addresses == tuple(e.address for e in plan if e.model == "b")
-    assert spec.routes()["b"].version == "1"
+    assert spec.served_versions()["b"].addresses == tuple(e.address for e in plan if e.model == "b")
+    assert spec.served_versions()["b"].version == "1"

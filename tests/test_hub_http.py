@@ -223,7 +223,12 @@ BAD_JSON = [
     bad("shared memory", 400, changed(parameters={"shared_memory_region": "r"})),
     bad("more rows than max_batch_size", 413, changed(shape=[9, 16], data=X1 * 9)),
     bad("shape above the tensor limit", 413, changed(shape=[10**12, 16])),
-]
+    # Issue 21: a 4,301-digit integer (past Python's int-string limit) was a 500.
+    ("a 4301-digit INT64", f'{{"inputs":[{{"name":"x","shape":[1],"datatype":"INT64",'
+                           f'"data":[{"9" * 4301}]}}]}}', 400),
+    ("a 4301-digit dim", f'{{"inputs":[{{"name":"x","shape":[{"9" * 4301}],'
+                         '"datatype":"INT64","data":[1]}]}', 400),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("why", "body", "status"), BAD_JSON, ids=[c[0] for c in BAD_JSON])
@@ -235,6 +240,7 @@ def test_bad_json_requests_get_their_status_and_an_error(
     )
     assert r.status_code == status, (why, r.text)
     assert isinstance(r.json()["error"], str) and r.json()["error"]
+    assert "\n" not in r.json()["error"]
     assert_still_serving(client)
 
 
@@ -257,6 +263,11 @@ BAD_BINARY = [
     ("header length beyond the body", *_binary_case(64, GOOD_BYTES, "100000")),
     ("header length cutting the JSON", *_binary_case(64, GOOD_BYTES, "10")),
     ("binary input without the header", _binary_case(64, GOOD_BYTES)[0], {}),
+    (
+        "a 4301-digit binary_data_size",
+        (text := _binary_case(64, b"")[0].replace(b"64", b"9" * 4301)) + GOOD_BYTES,
+        {HEADER: str(len(text))},
+    ),
 ]
 
 

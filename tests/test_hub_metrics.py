@@ -22,9 +22,11 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cloud_hub import Executor, Hub, HubMetrics, OnnxExecutor
-from cloud_hub._prometheus import batch_size_buckets
+from cloud_hub import Executor, Hub, HubMetrics, HubResult, OnnxExecutor
 from cloud_hub.http import HttpServer, create_app
+from cloud_hub.metrics import UNSERVED
+from cloud_hub.metrics._prometheus import batch_size_buckets
+from cloud_hub.metrics._recorder import count_of
 from edge_agent import EdgeAgent, NoAnswerError, OffloadPolicy, Source
 from shared import ErrorCode, MqttSettings, Topics
 
@@ -206,8 +208,10 @@ def test_labels_never_take_names_a_client_invented(repo: Path) -> None:
             metrics.record("grpc", "linear", None, received=received)
         text = metrics.render().decode()
     failure = "tandem_inference_request_failure_total"
-    assert value(text, failure, model="", version="", transport="http", reason="unknown_model") == 1
-    assert value(text, failure, model="linear", version="", transport="mqtt") == 1
+    unserved = {"model": UNSERVED, "version": UNSERVED}
+    assert value(text, failure, **unserved, transport="http", reason="unknown_model") == 1
+    assert value(text, failure, model="linear", version=UNSERVED, transport="mqtt") == 1
+    assert 'model=""' not in text and 'version=""' not in text  # never an empty label
     assert value(text, failure, model="linear", version="1", reason="invalid_input") == 1
     assert value(text, failure, model="linear", version="1", reason="internal") == 1
     assert "no-such-model" not in text and 'version="9"' not in text
@@ -258,7 +262,8 @@ def test_get_metrics_exposes_every_metric_with_its_triton_counterpart(
     assert value(r.text, "tandem_inference_request_duration_us_count", model="linear", **http) == 1
     failure = "tandem_inference_request_failure_total"
     assert value(r.text, failure, model="linear", reason="bad_request", **http) == 1
-    assert value(r.text, failure, model="", reason="unknown_model", **http) == 1
+    assert value(r.text, failure, model=UNSERVED, reason="unknown_model", **http) == 1
+    assert 'model=""' not in r.text
 
 
 def test_the_batch_size_histogram_fills_under_concurrent_http_load(
@@ -321,16 +326,19 @@ def test_mqtt_answers_are_counted_under_their_transport(repo: Path, mosquitto: A
             assert good.infer(x(1), deadline_ms=WAIT_S * 1000).source is Source.CLOUD
             with pytest.raises(NoAnswerError):
                 lost.infer(x(1), deadline_ms=WAIT_S * 1000)
-            assert hub.worker is not None
+            assert hub.mqtt_front is not None
             # Each agent probed on connect; probes are answered but not counted as requests.
-            worker = hub.worker
+            worker = hub.mqtt_front
             wait_until(lambda: worker.stats().get("probes") == 2, what="both probes")
         text = hub.prometheus.render().decode()
     mqtt = {"transport": "mqtt"}
     assert value(text, "tandem_inference_request_success_total", model="linear", **mqtt) == 1
     assert value(text, "tandem_inference_request_duration_us_count", model="linear", **mqtt) == 1
     failure = "tandem_inference_request_failure_total"
-    assert value(text, failure, model="", version="", reason="unknown_model", **mqtt) == 1
+    assert (
+        value(text, failure, model=UNSERVED, version=UNSERVED, reason="unknown_model", **mqtt) == 1
+    )
+    assert 'model=""' not in text
     assert "http" not in {
         s.labels.get("transport") for f in families(text).values() for s in f.samples
     }
@@ -368,3 +376,38 @@ def test_hub_metrics_is_exported() -> None:
 
     assert cloud_hub.HubMetrics is HubMetrics
     assert "HubMetrics" in cloud_hub.__all__
+
+
+def test_both_planes_count_a_request_by_one_rule() -> None:
+    """``count_of`` decides for ``HubMetrics`` and the plane's ``BookRecorder`` alike."""
+    asked: list[int] = []
+
+    def served() -> dict[str, str]:
+        asked.append(1)
+        return {"linear": "2"}
+
+    result = HubResult({}, "linear", "2", 0.0, 0.0, 1, 1)
+    ok = count_of(
+        "mqtt", "linear", None, received=time.monotonic(), error=ErrorCode.OK, result=result,
+        served=served,
+    )  # fmt: skip
+    assert ok.labels == ("linear", "2", "mqtt") and ok.duration_us is not None
+    assert ok.duration_us >= 0 and not asked  # a success never asks what is served
+    no_result = count_of(
+        "http", "linear", "2", received=0.0, error=ErrorCode.OK, result=None, served=served
+    )
+    assert no_result.labels == ("linear", "2", "http", ErrorCode.INTERNAL.value)
+    assert no_result.duration_us is None
+    old = count_of(
+        "http", "linear", "1", received=0.0, error=ErrorCode.UNKNOWN_MODEL, result=None,
+        served=served,
+    )  # fmt: skip
+    assert old.labels == ("linear", UNSERVED, "http", ErrorCode.UNKNOWN_MODEL.value)
+    other = count_of(
+        "mqtt", "nope", None, received=0.0, error=ErrorCode.OVERLOADED, result=None, served=served
+    )
+    assert other.labels == (UNSERVED, UNSERVED, "mqtt", ErrorCode.OVERLOADED.value)
+    assert other.duration_us is None
+    with pytest.raises(ValueError, match="transport must be one of"):
+        count_of("grpc", "linear", None, received=0.0, error=ErrorCode.OK, result=result,
+                 served=served)  # fmt: skip

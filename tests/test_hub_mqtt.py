@@ -129,7 +129,10 @@ def test_an_mqtt5_response_topic_and_correlation_data_are_honoured(make_hub, mak
     properties.ResponseTopic = device.reply_topic
     properties.CorrelationData = b"opaque-42"
     device.client.publish(
-        topics.infer("linear"), encode_message(message), qos=1, properties=properties
+        topics.device_infer(device.device_id, "linear"),
+        encode_message(message),
+        qos=1,
+        properties=properties,
     ).wait_for_publish(WAIT_S)
     reply, reply_properties = device.reply_with_properties("r-1")
     assert reply.ok
@@ -167,10 +170,10 @@ def test_every_bad_request_gets_a_typed_error_and_the_hub_keeps_serving(
         assert "hub_ms" in reply.timing
 
     # Garbage without a readable header has no one to answer: dropped, nothing sent.
-    device.publish(topics.infer("linear"), b"\x00garbage\xff" * 10)
+    device.publish(topics.device_infer(device.device_id, "linear"), b"\x00garbage\xff" * 10)
     # A readable header with broken tensors: answered.
     device.publish(
-        topics.infer("linear"),
+        topics.device_infer(device.device_id, "linear"),
         frame(
             {
                 "kind": "request",
@@ -192,7 +195,7 @@ def test_every_bad_request_gets_a_typed_error_and_the_hub_keeps_serving(
     )
     expect(ErrorCode.BAD_REQUEST, "truncated", "broken-tensors")
     device.publish(
-        topics.infer("linear"),
+        topics.device_infer(device.device_id, "linear"),
         frame(
             {
                 "kind": "request",
@@ -206,7 +209,7 @@ def test_every_bad_request_gets_a_typed_error_and_the_hub_keeps_serving(
     )
     expect(ErrorCode.BAD_REQUEST, "timeout_ms", "bad-header")
     device.publish(
-        topics.infer("linear"),
+        topics.device_infer(device.device_id, "linear"),
         frame(
             {
                 "kind": "request",
@@ -255,7 +258,7 @@ def test_every_bad_request_gets_a_typed_error_and_the_hub_keeps_serving(
     assert good.ok
     np.testing.assert_allclose(good.tensors["logits"], logits(x), rtol=1e-5, atol=1e-5)
     assert device.replies.empty()  # the garbage got no reply
-    assert hub.worker is not None and hub.worker.stats()["dropped"] == 1
+    assert hub.mqtt_front is not None and hub.mqtt_front.stats()["dropped"] == 1
 
 
 def test_a_full_queue_answers_overloaded_at_once(make_hub, make_device):
@@ -475,3 +478,23 @@ def test_hub_processes_share_the_requests_count_them_all_and_never_outlive_the_h
         if hub.poll() is None:
             hub.kill()
             hub.wait()
+
+
+def test_a_flood_of_junk_frames_is_counted_but_logged_at_a_bounded_rate(
+    make_hub, make_device, topics, caplog
+):
+    """One warning line per junk frame let a device fill the hub's log at will."""
+    hub = make_hub()
+    device = make_device()
+    own = topics.device_infer(device.device_id, "linear")
+    with caplog.at_level("WARNING", logger="cloud_hub"):
+        for _ in range(100):  # no readable header: nobody to answer, dropped
+            device.client.publish(own, b"\x00junk\xff", qos=1)
+        request_id = device.request("linear", {"x": x_rows(1)})
+        assert device.reply(request_id).ok  # after the junk, in order: the hub kept serving
+        assert hub.mqtt_front.stats()["dropped"] == 100  # every one counted
+        lines = [r for r in caplog.records if r.getMessage().startswith("dropped ")]
+        assert 1 <= len(lines) <= 10
+        hub.stop()  # the count of what was not logged comes out once
+    summary = [r.getMessage() for r in caplog.records if "not logged one by one" in r.getMessage()]
+    assert len(summary) == 1 and summary[0].startswith(f"{100 - len(lines)} more dropped frames")

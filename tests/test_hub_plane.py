@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
-from cloud_hub._metrics_book import merge_books, read_books
-from cloud_hub._supervisor import HubSupervisor
+from cloud_hub.metrics._book import merge_books, read_books
+from cloud_hub.plane._supervisor import HubSupervisor
 
 from ._brokers import MosquittoProcess, free_port
 from ._plane import Requester, linear_repo, running_hub, wait_until
@@ -268,4 +268,4 @@ def test_a_new_version_is_swapped_in_while_devices_stream_and_none_fails(
         executors = [c for c in hub.children if c.role == "executor"]
         wait_until(lambda: len([c for c in hub.children if c.role == "executor"]) == 1,
                    what="version 1's executor retiring")  # fmt: skip
-        assert hub.routes["linear"].version == "2" and executors
+        assert hub.served["linear"].version == "2" and executors

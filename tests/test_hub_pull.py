@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cloud_hub._model_pull import ModelPuller, PulledModel, parse_model_ref
+from cloud_hub.repository._cdn_pull import ModelPuller, PulledModel, parse_model_ref
 from model_cdn import add_version, create_app, open_registry
-from model_cdn.store import LocalBlobStore
 from shared import SigningKey
+from shared.server.store import LocalBlobStore
 
 from ._brokers import MosquittoProcess
 from ._cdn import serve_in_thread

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cloud_hub import InvalidRequestError, OverloadedError, RequestTooLargeError, TensorSpec
-from cloud_hub._queue import (
+from cloud_hub.batching._queue import (
     InputChecker,
     PendingRequest,
     RequestQueue,

@@ -24,14 +24,19 @@ from typing import Any
 import httpx
 import pytest
 
-from shared import ApiKeyFile, generate_api_key
+from shared.server import ApiKeyFile, generate_api_key
 
 from ._brokers import free_port
 from ._cli import ROOT
 from ._hub_http_kit import infer_json, rows, write_repo
+from ._needs import need
 from ._redis import RedisProcess, redis_missing
 
-pytestmark = pytest.mark.skipif(redis_missing() is not None, reason=str(redis_missing()))
+
+@pytest.fixture(autouse=True)
+def _redis_server_binary() -> None:
+    need(redis_missing())  # skipped without redis-server; failed under CI
+
 
 RATE, BURST = 2.0, 6
 WAIT_S = 60.0

@@ -8,10 +8,10 @@ from collections import deque
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from cloud_hub._ring import RingReader, RingWriter, create_ring_fd
+from cloud_hub.plane._ring import RingReader, RingWriter, create_ring_fd
 
 PAGE = mmap.PAGESIZE
 
@@ -81,6 +81,59 @@ def test_records_come_out_in_order_and_intact(plan: list[tuple[int, int]]) -> No
         reader.close()
 
 
+def _drain(reader: RingReader, sent: deque[tuple[int, bytes]]) -> None:
+    for tag, view in reader.records():
+        assert (tag, bytes(view)) == sent.popleft()
+        del view
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        # (record size, records the reader leaves unread after the writer filled the ring)
+        st.tuples(st.integers(0, 3 * PAGE), st.integers(0, 6)),
+        min_size=1,
+        max_size=40,
+    )
+)
+@example([(3 * PAGE, 1), (5 * PAGE // 2, 0), (3 * PAGE, 2), (PAGE, 0)])
+@example([(5 * PAGE // 2, 5), (2 * PAGE, 5)])  # fails at once if the wrap padding is not counted
+def test_a_ring_filled_up_to_and_across_its_end_keeps_every_record(
+    plan: list[tuple[int, int]],
+) -> None:
+    """The writer fills the ring until it refuses, again and again: every fill ends at or
+    across the wrap point with only part of the ring freed, where a free-space check that
+    forgets the padding to the end would write over records not read yet."""
+    capacity = 16 * PAGE
+    fd = create_ring_fd(capacity)
+    writer, reader = RingWriter(fd, capacity, PAGE), RingReader(fd, capacity, PAGE)
+    os.close(fd)
+    sent: deque[tuple[int, bytes]] = deque()
+    wrapped = 0
+    try:
+        for step, (size, unread) in enumerate(plan):
+            heads = []
+            laps = writer.head // capacity
+            while _write(writer, payload := _payload(len(heads) + 7 * step, size), step % 1000):
+                sent.append((step % 1000, payload))
+                heads.append(writer.head)
+                assert writer.used <= capacity
+            wrapped += writer.head // capacity > laps
+            # full: the reader reads all but the last ``unread`` records and frees what it can
+            if len(heads) > unread:
+                reader.announce(heads[len(heads) - 1 - unread])
+                _drain(reader, sent)
+                writer.ack(reader.acked)
+        reader.announce(writer.head)
+        _drain(reader, sent)
+        assert not sent and reader.tail == writer.head
+        if len(plan) >= 4 and plan[0] == (3 * PAGE, 1):
+            assert wrapped  # the explicit example does cross the end
+    finally:
+        writer.close()
+        reader.close()
+
+
 def test_a_full_ring_refuses_until_the_reader_acks(ring: tuple[RingWriter, RingReader]) -> None:
     writer, reader = ring
     size = 2 * PAGE
@@ -102,6 +155,35 @@ def test_a_record_too_large_for_the_ring_is_refused_at_once(
     with pytest.raises(ValueError, match="does not fit"):
         writer.reserve(writer.max_payload + 1)
     assert writer.reserve(writer.max_payload) is not None
+
+
+@pytest.mark.parametrize(("chunks", "release_pages"), [(4, 1), (5, 1), (5, 2), (7, 1)])
+def test_the_largest_record_fits_wherever_the_caught_up_reader_stands(
+    chunks: int, release_pages: int
+) -> None:
+    """``max_payload`` is a promise: once the reader has read and freed what it could, a
+    record that large is taken at any offset (even one that must wrap), with the unfreed part
+    of a release chunk still held; and it is close to half the ring, not a timid fraction.
+    An odd number of release chunks is where half the ring is not a chunk boundary."""
+    release = release_pages * PAGE
+    capacity = chunks * release
+    for target in range(0, capacity, 8):
+        fd = create_ring_fd(capacity)
+        writer, reader = RingWriter(fd, capacity, release), RingReader(fd, capacity, release)
+        os.close(fd)
+        try:
+            assert capacity // 2 - release - 64 <= writer.max_payload < capacity // 2
+            while writer.head < target:  # records up to the target offset, each read and freed
+                step = min(target - writer.head, writer.max_payload)
+                assert _write(writer, bytes(step - 8), 1)
+                reader.announce(writer.head)
+                assert len(list(reader.records())) == 1
+                writer.ack(reader.acked)
+            assert writer.head == target and writer.used < release
+            assert writer.reserve(writer.max_payload) is not None, (target, writer.used)
+        finally:
+            writer.close()
+            reader.close()
 
 
 def test_the_reader_never_reads_past_the_announced_head(

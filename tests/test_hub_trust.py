@@ -72,6 +72,43 @@ def test_reply_redirection_to_another_device_goes_back_to_the_sender(
         victim.replies.get_nowait()
 
 
+def test_by_default_a_first_layout_request_gets_nothing_and_redirects_nothing(
+    hub: Hub, devices: tuple[Device, Device], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Legacy topics are off unless asked for: the redirectable layout is not even heard."""
+    attacker, victim = devices
+    planted = attacker.request(
+        "linear", {"x": x_rows()}, own_topic=False, reply_to=victim.reply_topic
+    )
+    later = attacker.request("linear", {"x": x_rows()}, own_topic=True)
+    assert attacker.reply().request_id == later  # served in order: the first was never taken
+    assert victim.replies.empty() and attacker.replies.empty(), planted
+    assert hub.mqtt_front is not None and hub.mqtt_front.stats()["received"] == 1
+    assert "legacy topics on" not in caplog.text
+
+
+def test_legacy_topics_are_an_opt_in_that_warns_while_on(
+    mosquitto: Any,
+    tmp_path: Path,
+    topics: Topics,
+    devices: tuple[Device, Device],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    attacker, victim = devices
+    write_linear_classifier(tmp_path / "repo" / "linear" / "1" / "model.onnx")
+    settings = MqttSettings.from_url(mosquitto.url)
+    with (
+        caplog.at_level("WARNING", logger="cloud_hub"),
+        Hub(tmp_path / "repo", mqtt=settings, topics=topics, legacy_topics=True),
+    ):
+        request_id = attacker.request("linear", {"x": x_rows()}, own_topic=False)
+        assert attacker.reply(request_id).ok  # the migration still works while opted in
+    warned = [r for r in caplog.records if "legacy topics on" in r.getMessage()]
+    assert warned and warned[0].levelname == "WARNING"
+    assert topics.infer_filter() in warned[0].getMessage()
+    assert victim.replies.empty()
+
+
 def test_a_header_naming_another_device_is_refused_to_the_sender(
     hub: Hub, devices: tuple[Device, Device]
 ) -> None:
@@ -105,10 +142,11 @@ def test_a_retained_request_is_never_answered(
         # The hub starts after the retained request exists: the broker hands it over on
         # subscribe, before any later message, so once a later request is answered, the
         # retained one would have been too.
-        with Hub(tmp_path / "repo", mqtt=MqttSettings.from_url(mosquitto.url), topics=topics) as h:
+        settings = MqttSettings.from_url(mosquitto.url)
+        with Hub(tmp_path / "repo", mqtt=settings, topics=topics, legacy_topics=True) as h:
             later = attacker.request("linear", {"x": x_rows()}, own_topic=True)
             assert attacker.reply().request_id == later
-            assert h.worker is not None and h.worker.stats().get("dropped", 0) >= 1
+            assert h.mqtt_front is not None and h.mqtt_front.stats().get("dropped", 0) >= 1
         assert victim.replies.empty() and attacker.replies.empty(), planted
     finally:  # clear the retained message for whoever uses this broker next
         topic = (
@@ -124,7 +162,7 @@ def test_the_c_mqtt_client_sends_without_nagle(mosquitto: Any) -> None:
     import os
     import socket
 
-    from cloud_hub._crt_session import CrtSession
+    from cloud_hub.mqtt._crt_session import CrtSession
 
     settings = MqttSettings.from_url(mosquitto.url)
     session = CrtSession(settings, f"nagle-{uuid.uuid4().hex[:6]}")

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 import struct
 
-from cloud_hub._wire import salvage_target
+from cloud_hub.mqtt._wire import salvage_target
 from shared import FORMAT_MAJOR, MAGIC, Limits, Topics
 
 

@@ -20,13 +20,11 @@ import httpx
 import pytest
 
 from edge_agent import UntrustedUpdateError
-from edge_agent.updater._download import CdnClient
+from edge_agent.updater import CdnClient, UpdateTrust
 from edge_agent.updater._roots import RootKeeper
-from edge_agent.updater._trust import UpdateTrust
 from model_cdn import create_app
-from model_cdn._trust_repo import TrustRepository
 from model_cdn.registry import SqliteRegistry
-from model_cdn.store import LocalBlobStore
+from model_cdn.trust_repo import TrustRepository
 from shared import (
     ManifestError,
     RootMetadata,
@@ -37,6 +35,7 @@ from shared import (
     format_time,
     sign_root,
 )
+from shared.server.store import LocalBlobStore
 
 from ._cdn import make_assignment_doc, make_manifest_doc, serve_in_thread
 from ._cli import tandem_env

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tandem._drift import MIN_DRIFT_DEVICES
+from tandem.demo.drift import MIN_DRIFT_DEVICES
 
 from ._cli import tandem
 

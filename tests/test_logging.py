@@ -21,12 +21,13 @@ from shared import (
     Message,
     MqttSettings,
     Topics,
+    configure_logging,
     create_client,
     decode_message,
     encode_message,
     new_request_id,
 )
-from shared._logging import JsonFormatter, TextFormatter, configure_logging
+from shared._logging import JsonFormatter, TextFormatter
 
 from ._brokers import MosquittoProcess
 from ._models import write_linear_classifier
@@ -157,7 +158,7 @@ def test_the_hub_logs_a_failed_requests_id_as_json(
             reply_to=topics.reply("dev-log"),
             tensors={"x": np.ones((1, 2), np.float32)},
         )
-        device.publish(topics.infer("broken"), encode_message(request), qos=1)
+        device.publish(topics.device_infer("dev-log", "broken"), encode_message(request), qos=1)
         reply = replies.get(timeout=WAIT_S)
     finally:
         hub.stop()

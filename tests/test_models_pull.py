@@ -27,8 +27,8 @@ from model_cdn import (
     pull_model,
 )
 from model_cdn.publish import publish_model
-from model_cdn.store import LocalBlobStore
 from shared import ExpiredError, SigningKey, decompress_blob
+from shared.server.store import LocalBlobStore
 
 from ._cdn import serve_in_thread
 from ._cli import marked_required, one_error_line, tandem

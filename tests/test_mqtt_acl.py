@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import queue
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -28,20 +27,13 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 
-from model_cdn._mqtt_acl import (
-    check_device_names,
-    merge_password_file,
-    mosquitto_password_hash,
+from tandem.broker._acl import (
     password_file_users,
-    password_line,
-    render_acl_file,
-    verify_mosquitto_password,
-    write_private_file,
 )
-from shared import ConfigError
 
 from ._brokers import MosquittoProcess, dynsec_plugin
 from ._cli import tandem_env
+from ._needs import need
 
 P = "tandem/v1"
 QUIET_S = 0.4  # after a positive control, this long without a message means "not delivered"
@@ -196,7 +188,7 @@ def start_broker(cwd: Path, mode: str) -> MosquittoProcess:
 @pytest.fixture(params=list(MODES))
 def mode(request: pytest.FixtureRequest) -> str:
     if request.param == "dynsec" and dynsec_plugin() is None:
-        pytest.skip("Mosquitto's dynamic-security plugin is not installed")
+        need("Mosquitto's dynamic-security plugin is not installed")
     return str(request.param)
 
 
@@ -231,7 +223,7 @@ def test_device_request_reaches_hub_share_group_and_reply_and_assignment_reach_d
 ) -> None:
     hub = connect("hub", pw["hub"])
     assert hub.subscribe(f"$share/hubs/{P}/dev/+/infer/+")
-    assert hub.subscribe(f"$share/hubs/{P}/infer/+")  # the first layout, for the migration
+    assert hub.subscribe(f"$share/hubs/{P}/infer/+")  # the first layout: denied by default
     cdn = connect("cdn", pw["cdn"])
     assert cdn.subscribe(f"{P}/dev/+/status")
     a = connect("dev-a", pw["dev-a"])
@@ -239,8 +231,6 @@ def test_device_request_reaches_hub_share_group_and_reply_and_assignment_reach_d
 
     a.publish(f"{P}/dev/dev-a/infer/mnist", b"request")
     hub.expect(f"{P}/dev/dev-a/infer/mnist", b"request")
-    a.publish(f"{P}/infer/mnist", b"old request")  # provisioned --legacy-topics (the default)
-    hub.expect(f"{P}/infer/mnist", b"old request")
     hub.publish(f"{P}/dev/dev-a/reply", b"reply")
     a.expect(f"{P}/dev/dev-a/reply", b"reply")
 
@@ -256,6 +246,47 @@ def test_plain_hub_subscription_also_works(connect: Any, pw: dict[str, str]) -> 
     assert hub.subscribe(f"{P}/dev/+/infer/+")
     connect("dev-b", pw["dev-b"]).publish(f"{P}/dev/dev-b/infer/m", b"request")
     hub.expect(f"{P}/dev/dev-b/infer/m", b"request")
+
+
+def test_text_turns_reach_the_hubs_cancels_every_hub_and_text_only_its_device(
+    connect: Any, pw: dict[str, str]
+) -> None:
+    hub, other_hub = connect("hub", pw["hub"]), connect("hub", pw["hub"])
+    assert hub.subscribe(f"$share/hubs/{P}/dev/+/generate/+")
+    for h in (hub, other_hub):  # cancels are not shared: every replica hears them
+        assert h.subscribe(f"{P}/dev/+/cancel")
+    a = connect("dev-a", pw["dev-a"])
+    assert a.subscribe(f"{P}/dev/dev-a/text")
+    b = connect("dev-b", pw["dev-b"])
+    for topic in (f"{P}/dev/dev-a/text", f"{P}/dev/+/text", f"{P}/dev/+/generate/+"):
+        b.subscribe(topic)  # granted or refused, per Mosquitto: either way nothing may arrive
+
+    a.publish(f"{P}/dev/dev-a/generate/llm", b"turn")
+    hub.expect(f"{P}/dev/dev-a/generate/llm", b"turn")
+    a.publish(f"{P}/dev/dev-a/cancel", b"cancel")
+    hub.expect(f"{P}/dev/dev-a/cancel", b"cancel")
+    other_hub.expect(f"{P}/dev/dev-a/cancel", b"cancel")
+    hub.publish(f"{P}/dev/dev-a/text", b"chunk")
+    a.expect(f"{P}/dev/dev-a/text", b"chunk")
+    b.assert_nothing()
+
+
+def test_device_forging_text_or_turns_in_another_devices_name_reaches_no_one(
+    connect: Any, pw: dict[str, str]
+) -> None:
+    hub = connect("hub", pw["hub"])
+    assert hub.subscribe(f"{P}/dev/+/generate/+") and hub.subscribe(f"{P}/dev/+/cancel")
+    a, b = connect("dev-a", pw["dev-a"]), connect("dev-b", pw["dev-b"])
+    assert b.subscribe(f"{P}/dev/dev-b/text")
+    a.publish(f"{P}/dev/dev-b/generate/llm", b"forged turn in b's name")
+    a.publish(f"{P}/dev/dev-b/cancel", b"forged cancel of b's turn")
+    a.publish(f"{P}/dev/dev-b/text", b"forged text for b")
+    b.publish(f"{P}/dev/dev-b/generate/llm", b"b's own turn")
+    hub.expect(f"{P}/dev/dev-b/generate/llm", b"b's own turn")  # nothing forged came first
+    hub.publish(f"{P}/dev/dev-b/text", b"real text")
+    b.expect(f"{P}/dev/dev-b/text", b"real text")
+    hub.assert_nothing()
+    b.assert_nothing()
 
 
 # -- attacks by a device ----------------------------------------------------------------
@@ -360,10 +391,11 @@ def test_device_publishing_on_another_devices_request_topic_is_refused(
     hub.assert_nothing()
 
 
-def test_first_layout_requests_are_refused_once_provisioned_without_legacy_topics(
-    tmp_path: Path, mode: str
+@pytest.mark.parametrize("legacy", [False, True], ids=["default", "legacy-topics"])
+def test_first_layout_requests_are_refused_unless_provisioned_with_legacy_topics(
+    tmp_path: Path, mode: str, legacy: bool
 ) -> None:
-    pw = provision(tmp_path, "hub", "dev-a", mode=mode, extra=("--no-legacy-topics",))
+    pw = provision(tmp_path, "hub", "dev-a", mode=mode, extra=("--legacy-topics",) * legacy)
     broker = start_broker(tmp_path, mode)
     peers: list[mqtt.Client] = []
     try:
@@ -384,8 +416,10 @@ def test_first_layout_requests_are_refused_once_provisioned_without_legacy_topic
         hub.on_subscribe = lambda *args: subscribed.set()
         hub.subscribe([(f"{P}/infer/+", 1), (f"{P}/dev/+/infer/+", 1)])
         assert subscribed.wait(WAIT_S)
-        a.publish(f"{P}/infer/m", b"forged old-layout request", qos=1).wait_for_publish(WAIT_S)
+        a.publish(f"{P}/infer/m", b"old-layout request", qos=1).wait_for_publish(WAIT_S)
         a.publish(f"{P}/dev/dev-a/infer/m", b"own", qos=1).wait_for_publish(WAIT_S)
+        if legacy:  # the migration opt-in lets it through, in order
+            assert got.get(timeout=WAIT_S) == b"old-layout request"
         assert got.get(timeout=WAIT_S) == b"own"
         with pytest.raises(queue.Empty):
             got.get(timeout=QUIET_S)
@@ -460,100 +494,3 @@ def test_reprovisioning_rotates_one_password_and_keeps_the_others(
     assert b.subscribe(f"{P}/dev/dev-b/reply")
     connect("hub", pw["hub"]).publish(f"{P}/dev/dev-b/reply", b"still here")
     b.expect(f"{P}/dev/dev-b/reply", b"still here")
-
-
-# -- the pure pieces and the command line -----------------------------------------------
-
-
-def test_password_hash_round_trips_and_rejects_a_wrong_password() -> None:
-    h = mosquitto_password_hash("pw", salt=b"0123456789ab")
-    assert h.startswith("$7$101$") and h == mosquitto_password_hash("pw", salt=b"0123456789ab")
-    assert verify_mosquitto_password(h, "pw")
-    assert not verify_mosquitto_password(h, "pW")
-    assert not verify_mosquitto_password("$6$x$y", "pw")
-
-
-def test_merge_adds_and_rotates_without_dropping_others_and_is_idempotent() -> None:
-    text = "# fleet\nalpha:$7$1$AA==$AA==\n\nbeta:$7$1$BB==$BB==\n"
-    rotated = password_line("alpha", "new", salt=b"s" * 12)
-    added = password_line("gamma", "g", salt=b"t" * 12)
-    merged = merge_password_file(text, [rotated, added])
-    assert merged == f"# fleet\n{rotated}\nbeta:$7$1$BB==$BB==\n{added}"
-    assert merge_password_file(merged, [rotated, added]) == merged
-    assert password_file_users(merged) == ["alpha", "beta", "gamma"]
-
-
-@pytest.mark.parametrize("text", ["no-colon-here\n", "a:$7$1$A$A\na:$7$1$B$B\n", ":hash\n"])
-def test_malformed_password_file_is_refused(text: str) -> None:
-    with pytest.raises(ConfigError):
-        merge_password_file(text, [])
-
-
-def test_a_device_may_not_take_a_service_users_name() -> None:
-    with pytest.raises(ConfigError, match="hub"):
-        check_device_names(["cam-1", "hub"], hub_user="hub", cdn_user="cdn")
-    with pytest.raises(ConfigError):
-        check_device_names(["cam/1"], hub_user="hub", cdn_user="cdn")
-    with pytest.raises(ConfigError):
-        render_acl_file("x/+/y")
-    with pytest.raises(ConfigError):
-        render_acl_file(hub_user="svc", cdn_user="svc")
-
-
-def test_acl_uses_the_prefix_and_user_names() -> None:
-    acl = render_acl_file("acme/v2", hub_user="hubs", cdn_user="rollout")
-    assert "pattern read acme/v2/dev/%u/reply\n" in acl
-    assert "user hubs\ntopic read acme/v2/dev/+/infer/+\n" in acl
-    assert "pattern write acme/v2/dev/%u/infer/+\n" in acl
-    assert "user rollout\ntopic write acme/v2/dev/+/assign\n" in acl
-    assert "tandem/v1" not in acl
-
-
-def test_private_files_are_written_whole_with_mode_0600(tmp_path: Path) -> None:
-    path = tmp_path / "secret"
-    path.write_text("old")
-    path.chmod(0o644)
-    write_private_file(path, "new\n")
-    assert path.read_text() == "new\n"
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert [p.name for p in tmp_path.iterdir()] == ["secret"]  # no temporary left behind
-
-
-def test_cli_prints_passwords_once_and_writes_private_files(tmp_path: Path) -> None:
-    result = tandem(
-        "fleet", "provision", "cam-1", "--passwd-file", "p", "--acl-file", "a", cwd=tmp_path
-    )
-    assert result.returncode == 0, result.stderr
-    user, password = result.stdout.split()
-    assert user == "cam-1" and len(password) >= 40
-    line = (tmp_path / "p").read_text()
-    assert verify_mosquitto_password(line.strip().split(":", 1)[1], password)
-    for name in ("p", "a"):
-        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600
-
-
-@pytest.mark.parametrize(
-    ("args", "code", "needle"),
-    [
-        (["hub", "x/y"], 2, "invalid device id"),
-        (["cam-1", "cam-1"], 2, "twice"),
-        (["cam-1", "--prefix", "a/#"], 2, "prefix"),
-        (["cam-1", "--hub-user", "cdn"], 2, "different"),
-    ],
-)
-def test_cli_errors_are_one_line(tmp_path: Path, args: list[str], code: int, needle: str) -> None:
-    result = tandem(
-        "fleet", "provision", *args, "--passwd-file", "p", "--acl-file", "a", cwd=tmp_path
-    )
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert result.returncode == code, result.stderr
-    assert len(lines) == 1 and lines[0].startswith("tandem fleet provision:"), lines
-    assert needle in lines[0]
-    assert not (tmp_path / "p").exists()
-
-
-def test_cli_help_has_an_example_and_the_reload_note(tmp_path: Path) -> None:
-    result = tandem("fleet", "provision", "--help", cwd=tmp_path)
-    assert result.returncode == 0
-    assert "tandem fleet provision hub cdn" in result.stdout
-    assert "kill -HUP" in result.stdout

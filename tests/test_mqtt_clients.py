@@ -1,9 +1,11 @@
 """Every MQTT client of ours goes through one session interface (``shared.MqttSession``).
 
 Connecting, reconnecting, re-subscribing and failing pending work live in one
-place (``shared/_mqtt_session.py``; the hub's awscrt twin in
-``cloud_hub/_crt_session.py``), so no product module may build an MQTT client
-of its own: only ``shared/_mqtt*.py``, ``cloud_hub/_crt_session.py`` and
+place (the interface, ``shared/_mqtt_session.py``; its implementations
+``shared/_paho_session.py`` and the hub's awscrt twin
+``cloud_hub/mqtt/_crt_session.py``), so no product module may build an MQTT client
+of its own: only ``shared/_mqtt*.py``, ``shared/_paho_session.py``,
+``cloud_hub/mqtt/_crt_session.py`` and
 ``tandem/simulator/`` (which drives a thousand simulated devices' clients on
 one thread by design, with paho's external-loop API) create a paho-mqtt or
 awscrt client or call ``shared.create_client``. Tests and ``bench/`` (whose
@@ -20,7 +22,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("shared", "edge_agent", "cloud_hub", "model_cdn", "tandem", "examples")
-ALLOWED = ("shared/_mqtt", "cloud_hub/_crt_session.py", "tandem/simulator/")
+ALLOWED = (
+    "shared/_mqtt",
+    "shared/_paho_session.py",
+    "cloud_hub/mqtt/_crt_session.py",
+    "tandem/simulator/",
+)
 
 
 def imports_a_client_library(tree: ast.AST) -> bool:
@@ -73,8 +80,8 @@ def test_the_check_sees_the_clients_the_allowed_modules_build() -> None:
             seen.add(relative)
     assert {
         "shared/_mqtt.py",
-        "shared/_mqtt_session.py",
-        "cloud_hub/_crt_session.py",
+        "shared/_paho_session.py",
+        "cloud_hub/mqtt/_crt_session.py",
     } <= seen
     assert any(name.startswith("tandem/simulator/") for name in seen)
 

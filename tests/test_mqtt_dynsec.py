@@ -16,20 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from model_cdn._mqtt_dynsec import (
-    dynsec_password_matches,
-    provision_dynsec,
-    render_dynsec_config,
-)
 from shared import ConfigError
+from tandem.broker import provision_dynsec, render_dynsec_config
+from tandem.broker._dynsec import dynsec_password_matches
 
+from ._needs import need
 from .test_mqtt_acl import tandem
 
 
-@pytest.mark.skipif(shutil.which("mosquitto_ctrl") is None, reason="needs mosquitto_ctrl")
 def test_dynsec_file_keeps_what_it_does_not_manage_and_hashes_as_the_plugin(
     tmp_path: Path,
 ) -> None:
+    need(None if shutil.which("mosquitto_ctrl") else "needs mosquitto_ctrl (Mosquitto 2)")
     path = tmp_path / "dynsec.json"
     subprocess.run(
         ["mosquitto_ctrl", "dynsec", "init", str(path), "admin", "admin-pw"],
@@ -76,12 +74,21 @@ def test_dynsec_roles_use_the_prefix_group_and_legacy_choice() -> None:
     roles = {r["rolename"]: r["acls"] for r in config["roles"]}
     hub = {(a["acltype"], a["topic"]) for a in roles["tandem-hub"]}
     assert ("subscribePattern", "$share/edge-hubs/acme/v2/dev/+/infer/+") in hub
+    assert ("subscribePattern", "$share/edge-hubs/acme/v2/dev/+/generate/+") in hub
+    assert ("subscribePattern", "acme/v2/dev/+/cancel") in hub  # not shared
+    assert ("subscribePattern", "$share/edge-hubs/acme/v2/dev/+/cancel") not in hub
+    assert ("publishClientSend", "acme/v2/dev/+/text") in hub
     device = {(a["acltype"], a["topic"]) for a in roles["tandem-device-cam-1"]}
     assert ("publishClientSend", "acme/v2/dev/cam-1/infer/+") in device
-    assert ("publishClientSend", "acme/v2/infer/+") in device  # the migration default
-    strict = render_dynsec_config(clients, legacy_topics=False, bind_client_ids=False)
-    device = {a["topic"] for r in strict["roles"] for a in r["acls"] if "cam-1" in r["rolename"]}
-    assert "tandem/v1/infer/+" not in device
+    assert ("publishClientSend", "acme/v2/dev/cam-1/generate/+") in device
+    assert ("publishClientSend", "acme/v2/dev/cam-1/cancel") in device
+    assert ("publishClientReceive", "acme/v2/dev/cam-1/text") in device
+    assert ("publishClientSend", "acme/v2/dev/cam-1/text") not in device
+    assert ("publishClientSend", "acme/v2/infer/+") not in device  # the first layout: opt-in
+    migrating = render_dynsec_config(clients, legacy_topics=True, bind_client_ids=False)
+    device = {a["topic"] for r in migrating["roles"] for a in r["acls"] if "cam-1" in r["rolename"]}
+    assert "tandem/v1/infer/+" in device
+    strict = render_dynsec_config(clients, bind_client_ids=False)
     assert all("clientid" not in c for c in strict["clients"])
     assert config["defaultACLAccess"] == {
         "publishClientSend": False,

@@ -29,6 +29,7 @@ from shared import Message, MqttSettings, TlsSettings, create_client, resolve_pr
 
 from ._brokers import BrokerTls, MosquittoProcess, mosquitto_password_hash, write_password_file
 from ._models import linear_classifier_weights
+from ._needs import need
 from ._pki import Pki, make_pki
 from ._responder import Responder
 
@@ -196,8 +197,8 @@ def assert_local_fallback(results: list[Any], x: np.ndarray) -> None:
 # -- the password file ----------------------------------------------------------------------
 
 
-@pytest.mark.skipif(shutil.which("mosquitto_passwd") is None, reason="needs mosquitto_passwd")
 def test_python_password_hash_matches_mosquitto_passwd(tmp_path: Path) -> None:
+    need(None if shutil.which("mosquitto_passwd") else "needs mosquitto_passwd")
     line = write_password_file(tmp_path / "passwd", {USER: PASSWORD}).read_text().strip()
     match = re.fullmatch(rf"{re.escape(USER)}:\$7\$(\d+)\$([^$]+)\$([^$]+)", line)
     assert match, line

@@ -17,8 +17,8 @@ import pytest
 
 from model_cdn import IdenticalModelError, PublishError, create_app, open_registry
 from model_cdn.publish import publish_model
-from model_cdn.store import LocalBlobStore
 from shared import SigningKey
+from shared.server.store import LocalBlobStore
 
 from ._cdn import serve_in_thread
 from ._cli import marked_required, one_error_line, tandem
@@ -61,6 +61,15 @@ def test_help_marks_sign_key_required(command: str, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert marked_required(result.stdout, "--sign-key")
     assert "TANDEM_SIGN_KEY" in result.stdout  # the other way to give it
+
+
+def test_assign_help_says_the_key_is_the_assigners(tmp_path: Path) -> None:
+    """Issue 21: assignments are signed by the assigner role, not the publisher's key."""
+    result = tandem("models", "assign", "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = " ".join(line.strip("│ ") for line in result.stdout.splitlines())
+    assert "The assigner's private key file" in text, result.stdout
+    assert "publisher's private key" not in text, result.stdout
 
 
 @pytest.mark.parametrize("method", ["int8-static", "int8-dynamic", "fp16"])
@@ -109,7 +118,7 @@ def test_the_same_model_again_is_refused_naming_the_version_it_repeats(work: Pat
     local = ("--registry", registry, "--store", "blobs")
     assert tandem(*_publish(work, "a.onnx", *local), cwd=work).returncode == 0
     again = tandem(*_publish(work, "a.onnx", *local), cwd=work)
-    one_error_line(again, 1, "linear@1", "--allow-same")
+    one_error_line(again, 1, "linear@1", "--allow-same", "--quantize")
     assert tandem(*_publish(work, "b.onnx", *local), cwd=work).returncode == 0
     back = tandem(*_publish(work, "a.onnx", *local), cwd=work)  # not the latest: found anyway
     one_error_line(back, 1, "linear@1", "--allow-same")
@@ -117,6 +126,19 @@ def test_the_same_model_again_is_refused_naming_the_version_it_repeats(work: Pat
     anyway = tandem(*_publish(work, "a.onnx", *local, "--allow-same"), cwd=work)
     assert anyway.returncode == 0, anyway.stderr
     assert _versions(registry) == [1, 2, 3]
+
+
+def test_the_refusals_hint_builds_a_second_version_of_the_same_float_model(work: Path) -> None:
+    """Issue 21: the README's rollout needs a v2, and a newcomer has one float model. The
+    refusal's hint (another --quantize) must publish a real second version."""
+    registry = f"sqlite:///{work / 'registry.db'}"
+    local = ("--registry", registry, "--store", "blobs")
+    assert tandem(*_publish(work, "a.onnx", *local), cwd=work).returncode == 0
+    refused = tandem(*_publish(work, "a.onnx", *local), cwd=work)
+    one_error_line(refused, 1, "--quantize, e.g. int8-dynamic", "--allow-same")
+    hinted = tandem(*_publish(work, "a.onnx", *local, "--quantize", "int8-dynamic"), cwd=work)
+    assert hinted.returncode == 0, hinted.stderr
+    assert _versions(registry) == [1, 2]
 
 
 @pytest.fixture

@@ -24,8 +24,8 @@ from model_cdn import PublishError, QuantizationError
 from model_cdn.publish import publish_model, quantize_model
 from model_cdn.publish._onnx_file import external_locations
 from model_cdn.registry import open_registry
-from model_cdn.store import LocalBlobStore
 from shared import SigningKey, decompress_blob, quiet_loggers
+from shared.server.store import LocalBlobStore
 
 from ._cli import one_error_line, tandem
 

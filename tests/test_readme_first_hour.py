@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 
 from model_cdn import open_registry
-from tandem._data import load_digit_splits
-from tandem._demo_output import _write_publish_inputs
-from tandem._training import build_demo_models
+from tandem.demo import write_publish_inputs
+from tandem.demo.data import load_digit_splits
+from tandem.demo.models import build_demo_models
 
 from ._brokers import MosquittoProcess, free_port, wait_for_port
 from ._cli import ROOT, tandem, tandem_env
@@ -63,7 +63,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("readme")
     models = build_demo_models()
     (root / "demo-output").mkdir()
-    _write_publish_inputs(root / "demo-output", models.edge_float_onnx, models.cloud_onnx)
+    write_publish_inputs(root / "demo-output", models.edge_float_onnx, models.cloud_onnx)
     return root
 
 
@@ -167,3 +167,56 @@ def test_the_device_snippet_installs_its_first_model_on_a_fresh_device(
     pulled = ort.InferenceSession(str(work / "mnist-edge.onnx"), providers=["CPUExecutionProvider"])
     want = pulled.run(None, {"image": digit})[0]
     np.testing.assert_allclose(np.asarray(answer["output"]), want, rtol=1e-5, atol=1e-5)
+
+
+def _refine_line() -> str:
+    text = README.read_text()
+    start = text.index("## The learning loop")
+    section = text[start : text.index("\n## ", start + 1)]
+    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    (line,) = [c for b in blocks for c in _command_lines(b) if "models refine" in c]
+    return line
+
+
+# What the README's refine line does through a CDN; here it publishes into the registry and
+# store the publishing block wrote (its `--cdn` placeholder serves nothing, and a rollout
+# needs the rollout service).
+_THROUGH_A_CDN = {"--cdn", "--token", "--rollout", "--soak", "--max-agreement-drop"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # the publishing block, then training on two shared cores
+def test_the_refine_command_runs_on_what_the_demo_leaves(operator: str, work: Path) -> None:
+    """Issue 21: the README's refine example named a ``train.npz`` the demo did not write.
+    Each file it names must be in ``demo-output/``, and the line must run there (on examples
+    a hub would have kept from drifted digits), judged against the published mnist-edge@1."""
+    from shared.server.store import LocalBlobStore
+    from tandem.demo.drift import Drift
+
+    from ._lessons import collect_offline
+
+    words = shlex.split(_refine_line())
+    assert words[:3] == ["$T", "models", "refine"], words
+    args, i = [], 3
+    while i < len(words):
+        option = words[i]
+        value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else None
+        i += 2 if value is not None else 1
+        if option in _THROUGH_A_CDN:
+            continue
+        if value is not None and value.startswith("demo-output/"):
+            assert (work / value).is_file(), f"the README's refine names {value}: not written"
+        args += [option] if value is None else [option, value]
+    named = [a for a in args if a.startswith("demo-output/")]
+    assert "demo-output/train.npz" in named and len(named) == 4, named
+    models = build_demo_models()
+    splits = load_digit_splits()
+    lessons = LocalBlobStore(work / "lessons")
+    drifted = Drift().apply(splits.train_images[:1500], seed=1)
+    assert collect_offline(lessons, models.edge_int8_onnx, models.cloud_onnx, drifted) > 50
+    at = args.index("--examples")
+    args[at + 1] = str(lessons.root)
+    done = tandem("models", "refine", *args, "--trainer-option", "epochs=1", cwd=work)
+    # Published (0) or refused after judging both models (1): either way it ran on the files.
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    assert "mnist-edge@1" in done.stdout and "validation accuracy" in done.stdout, done.stdout

@@ -21,11 +21,11 @@ from onnx import TensorProto, helper
 from model_cdn import open_registry, publish_model
 from model_cdn.publish import LocalTarget
 from shared import SigningKey
-from shared.store import LocalBlobStore
-from tandem._data import DigitSplits, load_digit_splits
-from tandem._drift_data import Drift
-from tandem._training import DemoModels, build_demo_models
-from tandem.refine import (
+from shared.server.store import LocalBlobStore
+from tandem.demo.data import DigitSplits, load_digit_splits
+from tandem.demo.drift import Drift
+from tandem.demo.models import DemoModels, build_demo_models
+from tandem.learning import (
     RefineError,
     RefineRefusedError,
     RefineSettings,
@@ -200,6 +200,9 @@ def test_a_worse_refinement_is_refused_with_both_reports_and_nothing_published(
     tmp_path: Path, cdn: Cdn, demo: DemoModels, files: dict[str, Path], examples: LocalBlobStore
 ) -> None:
     job = settings(demo, files, examples, tmp_path / "out", trainer="tests.test_refine:worse")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "refine-report.json").write_text("the last job's report")
+    older = (tmp_path / "out" / "refine-report.json").stat().st_ino
     with pytest.raises(RefineRefusedError) as refused:
         refine_model(job, target=cdn.target, signing_key=cdn.key)
     report = refused.value.report
@@ -215,6 +218,9 @@ def test_a_worse_refinement_is_refused_with_both_reports_and_nothing_published(
         "validation_accuracy": report.current.validation_accuracy,
     }
     assert not list((tmp_path / "out").glob("*.onnx"))
+    # written aside and renamed over the last one (whole or not at all), nothing left aside
+    assert (tmp_path / "out" / "refine-report.json").stat().st_ino != older
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["refine-report.json"]
 
 
 def test_a_candidate_that_gains_too_little_is_refused(

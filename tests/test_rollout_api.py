@@ -16,11 +16,12 @@ from typing import Any
 import httpx
 import pytest
 
-from model_cdn import AssignmentPublisher, LocalBlobStore, create_app, open_registry
+from model_cdn import AssignmentSender, LocalBlobStore, create_app, open_registry
 from model_cdn.rollout._controller import RolloutController
-from shared import ApiKeyFile, ApiKeyGuard, DeviceReport, SigningKey, generate_api_key
+from shared import DeviceReport, SigningKey, UpdateState, UpdateStatus, format_time
+from shared.server import ApiKeyFile, ApiKeyGuard, generate_api_key
 
-from ._cdn import RecordingLink, make_manifest_doc, serve_in_thread
+from ._cdn import NOW, RecordingLink, make_manifest_doc, serve_in_thread
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 MODEL = "mnist"
@@ -46,7 +47,7 @@ def api(tmp_path: Path) -> Iterator[Api]:
     for v in (1, 2):
         registry.add_version(make_manifest_doc(key, MODEL, v))
     link = RecordingLink()
-    controller = RolloutController(registry, AssignmentPublisher(link, key=key), tick_s=0.05)
+    controller = RolloutController(registry, AssignmentSender(link, key=key), tick_s=0.05)
     for i in range(10):
         controller.submit(
             DeviceReport(
@@ -190,3 +191,93 @@ def test_metrics_show_rollout_progress_and_the_fleet(api: Api) -> None:
     assert f'tandem_cdn_rollout_devices{{model="mnist",{assigned}}} 2.0' in text
     assert 'tandem_cdn_fleet_devices{online="true"} 10.0' in text
     assert f'tandem_cdn_rollout_failure_rate{{model="mnist",rollout="{rid}"' in text
+
+
+# ------------------------------------------------------- issue 21: gates and plans
+
+
+def test_skip_gate_needs_confirm_and_a_reason_and_is_recorded_with_who(api: Api) -> None:
+    rid = api.client.post("/v1/rollouts", json=start_body()).json()["id"]
+    path = f"/v1/rollouts/{rid}/skip-gate"
+    unconfirmed = api.client.post(path, json={"reason": "known drop"})
+    assert unconfirmed.status_code == 400 and '"confirm": true' in unconfirmed.json()["error"]
+    assert api.client.post(path, json={"confirm": "yes", "reason": "x"}).status_code == 400
+    no_reason = api.client.post(path, json={"confirm": True, "reason": " "})
+    assert no_reason.status_code == 400 and "reason" in no_reason.json()["error"]
+    assert api.client.post(path).status_code in (400, 415)  # no body at all
+    reader, roller = api.key("models:read"), api.key("rollout:admin")
+    body = {"confirm": True, "reason": "known label fix"}
+    assert api.client.post(path, json=body, headers=reader).status_code == 403
+    history = api.client.get(f"/v1/rollouts/{rid}").json()["history"]
+    assert [e["action"] for e in history] == ["start"]  # nothing skipped by the refusals
+    done = api.client.post(path, json=body, headers=roller)
+    assert done.status_code == 200, done.text
+    status = done.json()
+    key_id = roller["Authorization"].split("_")[1]
+    assert status["reason"] == f"gate of wave 1 skipped by key {key_id}: known label fix"
+    skip = status["history"][-1]
+    assert (skip["action"], skip["by"], skip["reason"], skip["wave"]) == (
+        "skip-gate",
+        f"key {key_id}",
+        "known label fix",
+        0,
+    )
+    api.client.post(f"/v1/rollouts/{rid}/pause")
+    assert api.client.get(f"/v1/rollouts/{rid}").json()["history"][-1]["by"] == "admin token"
+
+
+def test_resume_after_pause_does_not_let_an_unjudged_wave_go_on(api: Api) -> None:
+    # issue 21: pause then resume accepted the wave's inconclusive health and the next
+    # wave started within 2 s
+    body = start_body(max_agreement_drop=0.02, min_health_samples=10**6, max_soak_s=3600)
+    status = api.client.post("/v1/rollouts", json=body).json()
+    rid = status["id"]
+    for device, _doc in api.link.published:
+        api.controller.submit(
+            UpdateStatus(
+                device=device,
+                model=MODEL,
+                version=2,
+                state=UpdateState.INSTALLED,
+                at=format_time(NOW),
+                running_version=2,
+            )
+        )
+    api.controller.wait_idle()
+    assert api.client.post(f"/v1/rollouts/{rid}/pause").json()["state"] == "paused"
+    resumed = api.client.post(f"/v1/rollouts/{rid}/resume").json()
+    assert resumed["state"] == "running" and resumed["gates"]["state"] != "waived"
+    for _ in range(3):
+        api.controller.step()  # ticks: the wave's installs are in, the soak (0 s) is over
+    status = api.client.get(f"/v1/rollouts/{rid}").json()
+    assert status["wave"] == 0 and status["counts"]["installed"] == 2, status
+    assert any("health inconclusive" in w for w in status["waiting"]), status["waiting"]
+
+
+def test_dry_run_answers_the_plan_and_starts_nothing(api: Api) -> None:
+    body = start_body(max_agreement_drop=0.02, waves="4,100%", dry_run=True)
+    answer = api.client.post("/v1/rollouts", json=body)
+    assert answer.status_code == 200, answer.text
+    plan = answer.json()["plan"]
+    assert [(w["devices"], w["controls"]) for w in plan["waves"]] == [(4, 4), (10, 0)]
+    assert plan["waves"][0]["failures_to_halt"] == 1
+    assert any(
+        line.startswith("wave 1: 4 devices vs 4 controls") for line in answer.json()["plan_text"]
+    )
+    assert api.client.get("/v1/rollouts").json() == {"rollouts": []}
+    assert api.link.published == []
+    bad = api.client.post("/v1/rollouts", json=start_body(dry_run="yes"))
+    assert bad.status_code == 400 and "dry_run" in bad.json()["error"]
+
+
+def test_a_plan_that_cannot_decide_is_refused_unless_accepted(api: Api) -> None:
+    body = start_body(max_agreement_drop=0.02, waves="1,100%")  # 1 device vs 1 control
+    refused = api.client.post("/v1/rollouts", json=body)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert "cannot reach a decision" in error and "1 devices vs 1 controls" in error
+    assert "--accept-inconclusive" in error
+    assert api.client.get("/v1/rollouts").json() == {"rollouts": []}
+    accepted = api.client.post("/v1/rollouts", json={**body, "accept_inconclusive": True})
+    assert accepted.status_code == 201, accepted.text
+    assert accepted.json()["plan"]["undecidable"] == [1]

@@ -93,6 +93,9 @@ START = ["rollout", "start", "mnist@3", "--waves", "5%,25%,100%"]
         (["rollout", "resume", ".."], "not a rollout id"),
         (["rollout", "abort", "a b"], "not a rollout id"),
         (["rollout", "rollback", "?x"], "not a rollout id"),
+        (["rollout", "skip-gate", "?x", "--reason", "r"], "not a rollout id"),
+        (["rollout", "skip-gate", "ro-1a2b3c4d5e6f"], "--reason is required"),
+        (["rollout", "skip-gate", "ro-1a2b3c4d5e6f", "--reason", " "], "--reason is required"),
         (["fleet", "list", "--label", "site"], "--label takes LABEL=VALUE"),
         (["fleet", "list", "--version", "3"], "--version needs --model"),
         (["fleet", "list", "--model", "a/b"], "invalid model name"),
@@ -161,6 +164,7 @@ def test_the_url_and_token_come_from_the_environment(
         ("rollout", "resume"),
         ("rollout", "abort"),
         ("rollout", "rollback"),
+        ("rollout", "skip-gate"),
         ("rollout", "list"),
         ("fleet", "list"),
         ("fleet", "show"),
@@ -175,6 +179,7 @@ def test_help_teaches_with_an_example(command: tuple[str, ...]) -> None:
     if command == ("rollout", "start"):
         for option in ("--waves", "--target", "--max-failure", "--soak", "--from", "--min-reports"):
             assert option in result.stdout, option
+        assert "--dry-run" in result.stdout and "--accept-inconclusive" in result.stdout
     if command == ("rollout", "status"):
         assert "--watch" in result.stdout and "3 halted or aborted" in result.stdout
 
@@ -184,7 +189,7 @@ def test_rollout_is_a_tandem_command_listing_its_subcommands(tmp_path: Path) -> 
     assert root.returncode == 0 and "rollout" in root.stdout
     group = tandem("rollout", "--help", cwd=tmp_path)
     assert group.returncode == 0, group.stderr
-    for sub in ("start", "status", "pause", "resume", "abort", "rollback", "list"):
+    for sub in ("start", "status", "pause", "resume", "skip-gate", "abort", "rollback", "list"):
         assert sub in group.stdout, sub
     fleet = tandem("fleet", "--help", cwd=tmp_path)
     for sub in ("provision", "list", "show"):

@@ -28,9 +28,8 @@ from pathlib import Path
 import pytest
 
 from model_cdn import AdminApiError
-from model_cdn._admin_client import AdminClient
+from model_cdn.admin_client import AdminClient
 from model_cdn.registry import DeviceRecord, Registry, open_registry
-from model_cdn.store import LocalBlobStore
 from shared import (
     MqttSettings,
     SigningKey,
@@ -41,6 +40,7 @@ from shared import (
     format_time,
     verify_assignment,
 )
+from shared.server.store import LocalBlobStore
 
 from ._brokers import MosquittoProcess, free_port
 from ._cdn import make_manifest_doc, serve_in_thread
@@ -118,8 +118,7 @@ DEVICES = {
 
 @pytest.fixture
 def cdn(tmp_path: Path, mosquitto: MosquittoProcess) -> Iterator[Cdn]:
-    from model_cdn import create_app
-    from model_cdn.rollout._service import FleetService
+    from model_cdn import FleetService, create_app
 
     key = SigningKey.generate()
     registry = open_registry(tmp_path / "registry.db")
@@ -319,9 +318,10 @@ def test_watch_exits_3_when_a_rollout_halts_and_0_once_resumed_to_completion(
     rid = json.loads(started.stdout)["id"]
     cdn.report("cam-5", "mnist", 3, rid, UpdateState.FAILED, running_version=2)
     halted = cdn.run("rollout", "status", rid, "--watch", "--interval", "0.1s", cwd=tmp_path)
-    one_error_line(halted, 3, f"{rid} is halted: failure rate 1/1 above 0")
+    one_error_line(halted, 3, f"{rid} is halted: failure rate 1/1 = 100% above max 0%")
+    assert "with 1 device, 1 failure halts it" in halted.stderr
     shown = cdn.run("rollout", "status", rid, cwd=tmp_path)
-    assert "state: halted, wave 1 of 1 (failure rate 1/1 above 0)" in shown.stdout
+    assert "state: halted, wave 1 of 1 (failure rate 1/1 = 100% above max 0%" in shown.stdout
     assert table_rows(shown.stdout)[0] == ["1", "(all)", "1", "0", "1", "0", "0", "current"]
     resumed = cdn.run("rollout", "resume", rid, cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
@@ -341,6 +341,9 @@ def test_ctrl_c_stops_watching_cleanly_and_the_rollout_goes_on(cdn: Cdn, tmp_pat
     controller, terminal = pty.openpty()  # a terminal, so the live display draws at once
     watcher = subprocess.Popen(
         [sys.executable, "-m", "tandem.cli", "rollout", "status", rid, "--watch"],
+        # Ctrl-C as in a shell: a child inherits an ignored SIGINT (as a test worker's may
+        # be), and Python then installs no KeyboardInterrupt handler.
+        preexec_fn=_default_sigint,
         stdin=terminal,
         stdout=terminal,
         stderr=terminal,
@@ -355,15 +358,13 @@ def test_ctrl_c_stops_watching_cleanly_and_the_rollout_goes_on(cdn: Cdn, tmp_pat
             assert ready, screen.decode(errors="replace")
             screen += os.read(controller, 65536)
         watcher.send_signal(signal.SIGINT)
-        assert watcher.wait(timeout=60) == 130
-        while select.select([controller], [], [], 1)[0]:
-            try:
-                chunk = os.read(controller, 65536)
-            except OSError:  # the terminal closed with the process
-                break
-            if not chunk:
-                break
-            screen += chunk
+        # Keep reading while it stops: a terminal nobody reads fills up, and the
+        # watcher's last lines would then block it forever (seen under load).
+        deadline = time.monotonic() + 60
+        while watcher.poll() is None and time.monotonic() < deadline:
+            screen += _drain(controller, 0.2)
+        assert watcher.wait(timeout=1) == 130
+        screen += _drain(controller, 1)
     finally:
         if watcher.poll() is None:
             watcher.kill()
@@ -374,6 +375,25 @@ def test_ctrl_c_stops_watching_cleanly_and_the_rollout_goes_on(cdn: Cdn, tmp_pat
     assert "Traceback" not in text and "KeyboardInterrupt" not in text
     still = cdn.run("rollout", "status", rid, "--json", cwd=tmp_path)
     assert json.loads(still.stdout)["state"] == "running"
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _drain(terminal: int, wait_s: float) -> bytes:
+    """What the terminal has to read now, waiting up to ``wait_s`` for the first bytes."""
+    got = b""
+    while select.select([terminal], [], [], wait_s)[0]:
+        try:
+            chunk = os.read(terminal, 65536)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        got += chunk
+        wait_s = 0
+    return got
 
 
 def test_admin_client_errors_carry_the_status_and_the_servers_line(cdn: Cdn) -> None:
@@ -430,3 +450,47 @@ def test_fleet_list_and_show_ask_the_cdn(cdn: Cdn, tmp_path: Path) -> None:
     one_error_line(missing, 1, "cam-9")
     unauthorised = cdn.run("fleet", "list", cwd=tmp_path, token=None)
     one_error_line(unauthorised, 1, "--token")
+
+
+def test_start_tells_what_a_plan_can_decide_and_skip_gate_asks_and_is_recorded(
+    cdn: Cdn, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from tandem.cli import app
+
+    gated = ("rollout", "start", "mnist@3", "--target", "site=factory-a", "--waves", "1,100%")
+    gated += ("--soak", "1h", "--max-agreement-drop", "2%")
+    refused = cdn.run(*gated, cwd=tmp_path)  # 1 device against 1 control cannot decide
+    one_error_line(refused, 1, "wave 1: 1 devices vs 1 controls")
+    assert "--accept-inconclusive" in refused.stderr and rollouts_on(cdn, tmp_path) == []
+    dry = cdn.run(*gated, "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "wave 1: 1 devices vs 1 controls; 1 failure(s) halt it" in dry.stdout
+    assert "CANNOT DECIDE" in dry.stdout and "dry run: nothing started" in dry.stdout
+    assert rollouts_on(cdn, tmp_path) == []
+    started = cdn.run(*gated, "--accept-inconclusive", cwd=tmp_path)
+    assert started.returncode == 0, started.stderr
+    assert "plan (what each wave can decide)" in started.stdout
+    [record] = rollouts_on(cdn, tmp_path)
+    rid = str(record["id"])
+
+    no_reason = cdn.run("rollout", "skip-gate", rid, cwd=tmp_path)
+    one_error_line(no_reason, 2, "--reason is required")
+    args = ["rollout", "skip-gate", rid, "--reason", "known label fix", "--cdn", cdn.url]
+    declined = CliRunner().invoke(app, [*args, "--token", TOKEN], input="n\n")
+    assert declined.exit_code == 1, declined.output
+    assert "skip the health gate of wave 1" in declined.output
+    assert "not confirmed: nothing changed" in declined.output
+    assert [
+        e["action"]
+        for e in json.loads(cdn.run("rollout", "status", rid, "--json", cwd=tmp_path).stdout)[
+            "history"
+        ]
+    ] == ["start"]
+    skipped = cdn.run(*args[:-2], "--yes", cwd=tmp_path)
+    assert skipped.returncode == 0, skipped.stderr
+    assert "gate of wave 1 skipped by admin token: known label fix" in skipped.stdout
+    shown = cdn.run("rollout", "status", rid, cwd=tmp_path)
+    assert "history:" in shown.stdout
+    assert "skip-gate wave 1 by admin token: known label fix" in shown.stdout

@@ -15,13 +15,15 @@ from typing import Any
 
 import pytest
 
-from model_cdn import AssignmentPublisher, ModelNotFoundError, open_registry
-from model_cdn.rollout import RolloutStateError
-from model_cdn.rollout._controller import (
+from model_cdn import (
+    AssignmentSender,
+    ModelNotFoundError,
     RolloutConflictError,
-    RolloutController,
     RolloutRequestError,
+    open_registry,
 )
+from model_cdn.rollout import RolloutStateError
+from model_cdn.rollout._controller import RolloutController
 from shared import (
     DeviceReport,
     SigningKey,
@@ -63,8 +65,8 @@ class Fleet:
         self.controller.set_labels(inventory)
 
     def _controller(self) -> RolloutController:
-        publisher = AssignmentPublisher(self.link, key=self.key)
-        return RolloutController(self.registry, publisher, clock=self.clock)
+        sender = AssignmentSender(self.link, key=self.key)
+        return RolloutController(self.registry, sender, clock=self.clock)
 
     def restart(self) -> None:
         self.controller.stop()
@@ -325,3 +327,103 @@ def test_abort_withdraws_unreported_assignments(fleet: Fleet) -> None:
     assert status["state"] == "aborted" and status["counts"]["cancelled"] == 15
     withdrawn = fleet.take()
     assert sorted(withdrawn) == sorted((d, 1, True) for d, _v, _rb in sent[5:])
+
+
+# ------------------------------------------- issue 21: the version devices actually run
+
+
+def _roll_v2_out_and_back(fleet: Fleet) -> None:
+    """Roll v2 out to site a, then roll it back: every device reports v1 again."""
+    rid = fleet.start(target={"site": "a"}, waves="100%", soak_s=0)["id"]
+    fleet.install_all(fleet.take())
+    assert fleet.advance(1)["state"] == "completed"
+    assert fleet.controller.command(rid, "rollback")["state"] == "rolling_back"
+    for device, version, rollback in fleet.take():
+        assert (version, rollback) == (1, True)
+        fleet.report(device, 1)
+    assert fleet.advance(1)["state"] == "rolled_back"
+
+
+def _traffic(fleet: Fleet, requests: int, bad: frozenset[str] = frozenset()) -> None:
+    for device, version in fleet.running.items():
+        fleet.heartbeat(device, version, requests=requests, agreed_share=0.6 if bad else 0.97)
+
+
+def test_after_a_rolled_back_version_the_next_rollout_compares_with_and_returns_to_v1(
+    fleet: Fleet,
+) -> None:
+    # issue 21: v2 out, v2 rolled back (all on v1), then v3: it recorded previous_version=2,
+    # its control cohort had 0 devices reporting, it halted after its looks, and rollback
+    # sent devices to v2 while saying they were back on the previous version.
+    _roll_v2_out_and_back(fleet)
+    status = fleet.start(
+        version=3,
+        target={"site": "a"},
+        waves="50%,100%",
+        soak_s=10,
+        looks=1,
+        max_agreement_drop=0.05,
+        min_health_samples=100,
+    )
+    assert status["previous_version"] == 1, status["previous_version"]
+    sent = fleet.take()
+    assert {v for _d, v, _rb in sent} == {3} and len(sent) == 5
+    fleet.install_all(sent)
+    for requests in (1000, 2000):
+        _traffic(fleet, requests)
+        fleet.advance(1)
+    gates = fleet.status()["gates"]
+    [judgement] = gates["judgements"]
+    assert judgement["control"]["devices"] == 5 and gates["mismatched_reports"] == 0, gates
+    status = fleet.advance(9)  # the look: agreement within the margin, the next wave starts
+    assert (status["state"], status["wave"]) == ("running", 1), status["reason"]
+    wave2 = fleet.take()
+    fleet.install_all(wave2)
+    fleet.advance(1)
+    status = fleet.controller.command(status["id"], "rollback")
+    back = fleet.take()
+    assert sorted(back) == sorted((d, 1, True) for d, _v, _rb in sent + wave2)
+    assert status["previous_versions"] == {"1": 10}
+    for device, _v, _rb in back:
+        fleet.report(device, 1)
+    status = fleet.advance(1)
+    assert status["state"] == "rolled_back"
+    assert status["reason"] == "every device is back on the version it ran before (10 on version 1)"
+
+
+def test_devices_on_different_versions_each_go_back_to_their_own(fleet: Fleet) -> None:
+    rid = fleet.start(target={"site": "a"}, waves="100%", soak_s=0)["id"]
+    fleet.install_all(fleet.take())
+    assert fleet.advance(1)["state"] == "completed"  # site a runs v2, site b v1
+    on_v2 = {d for d, v in fleet.running.items() if v == 2}
+    assert len(on_v2) == 10
+    status = fleet.start(version=3, waves="100%", soak_s=0)  # every device
+    assert status["id"] != rid and status["previous_version"] == 2  # a tie: the higher
+    fleet.install_all(fleet.take())
+    fleet.advance(1)
+    status = fleet.controller.command(status["id"], "rollback")
+    assert status["previous_versions"] == {"1": 10, "2": 10}
+    back = fleet.take()
+    assert sorted(back) == sorted((d, 2 if d in on_v2 else 1, True) for d in fleet.running)
+    for device, version, _rb in back:
+        if version == 1:  # not the baseline (2): its report was lost, its heartbeat shows it back
+            fleet.heartbeat(device, 1)
+        else:
+            fleet.report(device, version)
+    status = fleet.advance(1)
+    assert status["reason"] == (
+        "every device is back on the version it ran before (10 on version 1, 10 on version 2)"
+    )
+
+
+def test_abort_withdraws_each_assignment_back_to_the_devices_own_version(fleet: Fleet) -> None:
+    fleet.start(target={"site": "a"}, waves="100%", soak_s=0)
+    fleet.install_all(fleet.take())
+    assert fleet.advance(1)["state"] == "completed"  # site a on v2, site b on v1
+    rid = fleet.start(version=3, waves="100%", soak_s=0)["id"]
+    sent = fleet.take()
+    assert fleet.controller.command(rid, "abort")["state"] == "aborted"
+    withdrawn = fleet.take()
+    ran = dict(fleet.running)  # what each device runs: v3 was never installed
+    assert sorted(withdrawn) == sorted((d, ran[d], True) for d, _v, _rb in sent)
+    assert {v for _d, v, _rb in withdrawn} == {1, 2}

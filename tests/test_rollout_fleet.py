@@ -20,9 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from model_cdn import LocalBlobStore, create_app, open_registry
+from model_cdn import FleetService, LocalBlobStore, create_app, open_registry
 from model_cdn.registry import Registry
-from model_cdn.rollout._service import FleetService
 from shared import MqttSettings, SigningKey, Topics
 from tandem.simulator import FleetSimulator, FleetSnapshot, SimulatorConfig
 

@@ -36,8 +36,7 @@ import httpx
 import paho.mqtt.client as mqtt
 import pytest
 
-from model_cdn import LocalBlobStore, create_app, open_registry
-from model_cdn.rollout._service import FleetService
+from model_cdn import FleetService, LocalBlobStore, create_app, open_registry
 from shared import DeviceReport, MqttSettings, SigningKey, Topics
 from tandem.simulator import FleetSimulator, SimulatorConfig
 

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from model_cdn import (
-    AssignmentPublisher,
+    AssignmentSender,
     LeaseLostError,
     NoRolloutLeaderError,
     RolloutNotFoundError,
+    RolloutRequestError,
     open_registry,
 )
 from model_cdn.registry import Registry, RolloutRecord
@@ -89,6 +90,27 @@ def test_an_expired_lease_is_taken_over_and_the_old_fence_writes_nothing(
     assert registry.get_rollout("ro-0123456789ab").state == "paused"
 
 
+def test_a_fence_is_its_token_not_its_holder_a_leader_back_again_cannot_use_its_old_one(
+    registry: Registry,
+) -> None:
+    a1 = registry.acquire_lease(LEASE, "a", 30)
+    assert a1 is not None
+    registry.release_lease(a1.fence)
+    b = registry.acquire_lease(LEASE, "b", 30)
+    assert b is not None
+    registry.release_lease(b.fence)
+    a2 = registry.acquire_lease(LEASE, "a", 30)  # a leads again, under a new token
+    assert a2 is not None and a1.token < b.token < a2.token
+    # a write still carrying a's first fence (a thread of a's first term, paused meanwhile)
+    for stale in (a1.fence, b.fence):
+        with pytest.raises(LeaseLostError):
+            registry.commit_rollout(record(state="paused"), fence=stale)
+    with pytest.raises(RolloutNotFoundError):
+        registry.get_rollout("ro-0123456789ab")  # nothing was written
+    assert registry.commit_rollout(record(), fence=a2.fence)
+    assert registry.get_rollout("ro-0123456789ab").state == "running"
+
+
 def test_servers_racing_for_an_expired_lease_get_it_exactly_once(registry_url: str) -> None:
     registries = [open_registry(registry_url) for _ in range(6)]
     try:
@@ -140,6 +162,31 @@ def test_a_queued_command_is_answered_with_the_state_or_withdrawn_and_never_appl
     assert registry.get_rollout("ro-0123456789ab").state == "paused"
 
 
+class ManualClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_leader_that_cannot_renew_stops_acting_before_its_lease_can_expire(
+    registry: Registry,
+) -> None:
+    clock = ManualClock()
+    lease = LeaderLease(registry, holder="a", ttl_s=30, clock=clock)
+    fence = lease.try_acquire()
+    assert fence is not None and lease.current() == fence
+    clock.now += 30 - lease.margin_s - 0.5  # not renewed since (the registry is unreachable)
+    assert lease.current() == fence
+    clock.now += 1.0  # past ttl - margin of its own clock: another server may lead soon
+    assert lease.current() is None
+    assert lease.try_acquire() == fence  # renewed: trusted again, same token
+    assert lease.current() == fence
+
+
 # -- controllers as replicas ------------------------------------------------------------------
 
 
@@ -156,9 +203,9 @@ class Replica:
         self.key = key
         self.link = RecordingLink()
         self.lease = LeaderLease(self.registry, holder=name, **lease)
-        publisher = AssignmentPublisher(self.link, key=key)
+        sender = AssignmentSender(self.link, key=key)
         self.controller = RolloutController(
-            self.registry, publisher, lease=self.lease, tick_s=0.05, command_timeout_s=10
+            self.registry, sender, lease=self.lease, tick_s=0.05, command_timeout_s=10
         )
 
     def heartbeats(self, n: int, version: int = 1) -> None:
@@ -248,6 +295,14 @@ def test_a_follower_reads_from_the_registry_and_queues_commands_for_the_leader(
         assert verify_assignment(doc, [leader.key.public_key]).device == device
     assert follower.controller.command(rid, "pause")["state"] == "paused"
     assert follower.controller.get(rid)["state"] == "paused"
+    # skip-gate carries its reason and who asked through the registry to the leader
+    args = {"by": "key ab12", "reason": "checked by hand"}
+    skipped = follower.controller.command(rid, "skip-gate", args)
+    assert skipped["state"] == "running" and skipped["history"][-1]["reason"] == "checked by hand"
+    assert leader.controller.get(rid)["history"][-1]["by"] == "key ab12"
+    with pytest.raises(RolloutRequestError, match="needs a reason"):
+        follower.controller.command(rid, "skip-gate", {"by": "key ab12"})
+    assert follower.controller.command(rid, "pause")["state"] == "paused"
     assert [r["id"] for r in follower.controller.rollouts()] == [rid]
     # the leader's refusals reach the follower's caller as the same errors
     assert follower.controller.command(rid, "abort")["state"] == "aborted"

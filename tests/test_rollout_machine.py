@@ -253,7 +253,11 @@ def test_rollback_sends_every_device_back_and_tracks_until_all_report() -> None:
     r = _roundtrip(r)  # a restart while rolling back changes nothing
     acts = r.report(devs[-1], "rolled-back", 2, 14)
     assert acts == [
-        Notify(RolloutState.ROLLED_BACK, 1, "every device is back on the previous version")
+        Notify(
+            RolloutState.ROLLED_BACK,
+            1,
+            "every device is back on the version it ran before (10 on version 1)",
+        )
     ]
     r.check_invariants()
     with pytest.raises(RolloutStateError):
@@ -310,7 +314,7 @@ def test_a_snapshot_persisted_by_an_earlier_release_loads_and_goes_on() -> None:
     assert r.state is RolloutState.HALTED
     assert r.devices["d"].status is DeviceStatus.FAILED
     again = json.loads(json.dumps(r.to_dict()))  # written in today's format
-    assert again["format"] == 2 and Rollout.from_dict(again).to_dict() == r.to_dict()
+    assert again["format"] == 3 and Rollout.from_dict(again).to_dict() == r.to_dict()
     r.resume(3)
     assert sorted(_assigned(r.tick(4))) == ["b", "c"]
     _install_all(r, ["b", "c"], 5)

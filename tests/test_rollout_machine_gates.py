@@ -2,8 +2,8 @@
 timed-out devices, counted across waves) and the health gates, which compare a
 control cohort kept on the previous version with the wave's new one (agreement,
 error rate, p99 latency, offloads) at each look, halt the rollout when a margin is
-broken or the evidence stays inconclusive, and let an operator's resume waive the
-halted wave only.
+broken or the evidence stays inconclusive; resume goes on judging, and only the
+operator's recorded skip_gate waives a wave's health.
 
 Pure and fast: no broker, no clock; time is whatever ``now`` the test passes.
 """
@@ -15,9 +15,18 @@ from typing import Any
 
 import pytest
 
-from model_cdn.rollout import DeviceStatus, Notify, Rollout, RolloutState
+from model_cdn.rollout import DeviceStatus, Notify, Rollout, RolloutState, RolloutStateError
 
-from ._rollout_machine import _assigned, _cohorts, _fleet, _gated, _install_all, _spec, _Traffic
+from ._rollout_machine import (
+    _assigned,
+    _cohorts,
+    _fleet,
+    _gated,
+    _install_all,
+    _roundtrip,
+    _spec,
+    _Traffic,
+)
 
 # ------------------------------------------------------------------ gates
 
@@ -141,7 +150,7 @@ def test_telemetry_naming_another_version_than_expected_is_not_evidence() -> Non
     assert r.health.view()["mismatched_reports"] == 2 * 10 * 9
 
 
-def test_resume_waives_the_health_of_the_halted_wave_only() -> None:
+def _halted_on_a_drop() -> tuple[Rollout, _Traffic]:
     r = Rollout(_gated("10%,50%,all"))
     t = _Traffic(r)
     _install_all(r, _assigned(r.start(_fleet(40), now=0)), 1)
@@ -150,8 +159,61 @@ def test_resume_waives_the_health_of_the_halted_wave_only() -> None:
         t.beat(new, 2, now, agreement=0.8)
         t.beat(control, 1, now)
     r.tick(10)
-    assert r.state is RolloutState.HALTED
-    r.resume(11)  # the operator accepts the drop
+    assert r.state is RolloutState.HALTED and r.reason.startswith("health gate: agreement")
+    return r, t
+
+
+def test_resume_after_a_pause_goes_on_judging_the_wave() -> None:
+    # issue 21: pause then resume accepted the wave's inconclusive health data and the
+    # next wave started at once; now the judgement goes on and holds the wave
+    r = Rollout(_gated("10%,50%,all", min_health_samples=10**6))
+    t = _Traffic(r)
+    _install_all(r, _assigned(r.start(_fleet(40), now=0)), 1)
+    new, control = _cohorts(r)
+    t.beat(new, 2, 5)
+    t.beat(control, 1, 5)
+    r.pause()
+    r.resume(6)
+    assert r.health.state == "waiting" and r.reason == "resumed"
+    for now in (10, 12, 20):
+        t.beat(new, 2, now)
+        t.beat(control, 1, now)
+        assert _assigned(r.tick(now)) == [] and r.wave == 0  # inconclusive: no next wave
+    [halt] = r.tick(30)  # and at the last look it halts, as without the pause
+    assert halt.state is RolloutState.HALTED and "inconclusive after 3 looks" in halt.reason
+    r.check_invariants()
+
+
+def test_resume_after_a_health_halt_judges_again_with_new_looks() -> None:
+    r, t = _halted_on_a_drop()
+    acts = r.resume(11)
+    assert acts[0].reason == "resumed; health judged again (3 more looks to 30 s)"
+    assert r.state is RolloutState.RUNNING and r.health.state == "waiting"
+    new, control = _cohorts(r)
+    for now in range(12, 22):
+        t.beat(new, 2, now, agreement=0.8)
+        t.beat(control, 1, now)
+        r.tick(now)
+        assert r.wave == 0  # the drop still holds the wave
+    assert r.state is RolloutState.HALTED and r.reason.startswith("health gate: agreement")
+    r.check_invariants()
+
+
+def test_skip_gate_is_the_operators_recorded_way_past_a_health_halt() -> None:
+    r, t = _halted_on_a_drop()
+    with pytest.raises(ValueError, match="needs a reason"):
+        r.skip_gate(11, by="ops", reason="  ")
+    acts = r.skip_gate(11, by="key tdm_ab12", reason="drop is the known label fix")
+    assert acts[0] == Notify(
+        RolloutState.RUNNING,
+        0,
+        "gate of wave 1 skipped by key tdm_ab12: drop is the known label fix",
+    )
+    [entry] = [e for e in r.history if e["action"] == "skip-gate"]
+    assert entry["at"] == 11 and entry["wave"] == 0 and entry["by"] == "key tdm_ab12"
+    assert entry["reason"] == "drop is the known label fix" and "agreement" in entry["gate"]
+    assert r.health.state == "waived"
+    r.check_invariants()
     wave1 = _assigned(r.tick(12))
     assert len(wave1) == 16 and r.health.state == "waiting"  # the next wave is judged again
     _install_all(r, wave1, 13)
@@ -161,6 +223,19 @@ def test_resume_waives_the_health_of_the_halted_wave_only() -> None:
         t.beat(control, 1, now)
     r.tick(22)
     assert r.state is RolloutState.HALTED and r.wave == 1
+    assert _roundtrip(r).history == r.history  # kept across restarts
+    r.abort()
+    with pytest.raises(
+        RolloutStateError, match="cannot skip the gate of a rollout that is aborted"
+    ):
+        r.skip_gate(30, by="ops", reason="late")
+
+
+def test_invariant_11_catches_a_waiver_without_skip_gate() -> None:
+    r, _t = _halted_on_a_drop()
+    r.health.waive()  # what resume() did before issue 21
+    with pytest.raises(AssertionError, match="11:"):
+        r.check_invariants()
 
 
 def test_device_timeout_counts_as_failure() -> None:
@@ -171,7 +246,26 @@ def test_device_timeout_counts_as_failure() -> None:
     assert r.tick(99.9) == []
     acts = r.tick(100)
     assert r.devices[wave0[1]].status is DeviceStatus.TIMED_OUT
-    assert acts == [Notify(RolloutState.HALTED, 0, "failure rate 1/2 above 0")]
+    assert acts == [
+        Notify(
+            RolloutState.HALTED,
+            0,
+            "failure rate 1/2 = 50% above max 0% (failed or timed out, over the waves so "
+            "far; with 2 devices, 1 failure halts it)",
+        )
+    ]
     # a late report replaces the timeout
     r.report(wave0[1], "installed", 2, 150)
     assert r.devices[wave0[1]].status is DeviceStatus.INSTALLED and r.failed == 0
+
+
+def test_one_failure_in_a_wave_of_five_halts_and_says_why() -> None:
+    # issue 21: one failed report halted a wave of 5 by arithmetic alone, without saying so
+    r = Rollout(_spec("5,all", max_failure_rate=0.1))
+    wave0 = _assigned(r.start(_fleet(40), now=0))
+    _install_all(r, wave0[:4], 1)
+    [halt] = r.report(wave0[4], "failed", 2, 2)
+    assert halt.reason == (
+        "failure rate 1/5 = 20% above max 10% (failed or timed out, over the waves so far; "
+        "with 5 devices, 1 failure halts it)"
+    )

@@ -47,7 +47,9 @@ _tick = st.tuples(st.just("tick"))
 _health = st.tuples(
     st.just("beat"), st.integers(0, 40), st.sampled_from([1, 2]), st.integers(0, 30)
 )
-_command = st.sampled_from(["start", "pause", "resume", "abort", "rollback"]).map(lambda c: (c,))
+_command = st.sampled_from(["start", "pause", "resume", "abort", "rollback", "skip"]).map(
+    lambda c: (c,)
+)
 _join = st.tuples(st.just("join"), st.sampled_from(_DEVICES), st.booleans())
 # Reports and ticks are drawn far more often than commands so that runs get past wave 0.
 _event = st.sampled_from(
@@ -70,6 +72,16 @@ def _prop_spec() -> RolloutSpec:
     )
 
 
+def _versions() -> dict[str, int]:
+    """Devices run different versions: most the baseline (1), every fourth 3, one unknown."""
+    fleet = _fleet(_N, others=1)
+    return {d: 3 if i % 4 == 3 else 1 for i, d in enumerate(sorted(fleet)) if i != 5}
+
+
+def _back_to(device: str) -> int:
+    return _versions().get(device, 1)  # unknown or joined later: the baseline
+
+
 def _resolve(r: Rollout, event: tuple[Any, ...]) -> tuple[Any, ...]:
     """Turn a device index into the name of one of the rollout's devices (or a stranger)."""
     if event[0] == "report" and isinstance(event[1], int):
@@ -82,7 +94,7 @@ def _apply(r: Rollout, event: tuple[Any, ...], now: float) -> Any:
     kind = event[0]
     try:
         if kind == "start":
-            return r.start(_fleet(_N, others=1), now)
+            return r.start(_fleet(_N, others=1), now, _versions())
         if kind == "join":
             return r.device_joined(event[1], {"region": "eu" if event[2] else "us"}, now)
         if kind == "report":
@@ -97,6 +109,8 @@ def _apply(r: Rollout, event: tuple[Any, ...], now: float) -> Any:
             return r.tick(now)
         if kind in ("pause", "abort"):
             return getattr(r, kind)()
+        if kind == "skip":
+            return r.skip_gate(now, by="ops", reason="property test")
         return getattr(r, kind)(now)
     except RolloutStateError as e:
         return f"refused: {e}"
@@ -128,6 +142,8 @@ def test_invariants_hold_and_snapshots_resume_identically(
             for act in out:
                 if isinstance(act, Assign):
                     (back_assigns if act.rollback else new_assigns)[act.device] += 1
+                    # each device goes back to what it ran, never to the new version
+                    assert not act.rollback or act.version == _back_to(act.device), act
         a.check_invariants()
         assert set(new_assigns.values()) <= {1} and set(back_assigns.values()) <= {1}
         # the wave only moves forward, and only on tick while running
@@ -136,7 +152,7 @@ def test_invariants_hold_and_snapshots_resume_identically(
             assert event[0] == "tick" and before is RolloutState.RUNNING
         # halted and paused leave only via resume, abort or rollback
         if before in (RolloutState.HALTED, RolloutState.PAUSED) and a.state is RolloutState.RUNNING:
-            assert event[0] == "resume"
+            assert event[0] in ("resume", "skip")
         if before in _TERMINAL_EXITS and a.state is not before:
             assert a.state in _TERMINAL_EXITS[before] and event[0] == "rollback"
         if a.state is RolloutState.ROLLED_BACK:

@@ -16,12 +16,7 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 import edge_agent
 import edge_agent.runtimes as runtimes
 import shared
-from edge_agent._errors import (
-    InferenceError,
-    InvalidInputError,
-    ModelLoadError,
-    RuntimeUnavailableError,
-)
+from edge_agent import InferenceError, InvalidInputError, ModelLoadError, RuntimeUnavailableError
 from edge_agent.runtimes import OnnxRuntime, TensorSpec, load_runtime
 from shared._tensor_spec import MAX_RANK
 

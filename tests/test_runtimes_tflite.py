@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_agent._errors import InvalidInputError, ModelLoadError, RuntimeUnavailableError
+from edge_agent import InvalidInputError, ModelLoadError, RuntimeUnavailableError
 from edge_agent.runtimes import OnnxRuntime, TensorSpec, TFLiteRuntime, load_runtime
 
 from ._models import linear_classifier_weights
@@ -21,8 +21,6 @@ from ._tflite_models import (
     linear_classifier_tflite,
     write_linear_classifier_tflite,
 )
-
-pytest.importorskip("ai_edge_litert.interpreter")
 
 
 @pytest.fixture(scope="module")

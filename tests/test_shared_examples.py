@@ -20,17 +20,13 @@ from shared import (
     ExampleShardError,
     FrameError,
     Message,
-    ShardManifest,
     decode_message,
     encode_message,
     input_digests,
-    list_shards,
-    load_examples,
-    read_shard,
     top_classes,
-    write_shard,
 )
-from shared.store import LocalBlobStore
+from shared.server import ShardManifest, list_shards, load_examples, read_shard, write_shard
+from shared.server.store import LocalBlobStore
 
 # --------------------------------------------------------------------------- the edge's answer
 
@@ -253,7 +249,7 @@ def test_a_zip_bomb_is_refused_before_it_is_decoded(
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("time.npy", b"\0" * 100_001)  # a few hundred bytes, compressed
-    monkeypatch.setattr("shared._shards.MAX_DECODED_BYTES", 100_000)  # not 1 GiB in a test
+    monkeypatch.setattr("shared.server._shards.MAX_DECODED_BYTES", 100_000)  # not 1 GiB in a test
     with pytest.raises(ExampleShardError, match="more than the limit"):
         read_shard(store, _with_data(store, manifest, buffer.getvalue()))
 

@@ -85,7 +85,7 @@ def test_the_consoles_script_asks_for_the_consoles_api_routes() -> None:
     ]
     assert asked
     for path in asked:
-        concrete = re.sub(r"\$\{[^}]*\}", "x", path)
+        concrete = re.sub(r"\$\{[^}]*\}", "x", path).split("?")[0]  # a query is not the route
         assert any(p.match(concrete) for p in patterns), path
 
 

@@ -19,23 +19,28 @@ import pytest
 
 from model_cdn import create_app
 from model_cdn.registry import SqliteRegistry
-from model_cdn.store import LocalBlobStore
-from shared import (
+from shared import ConfigError
+from shared.server import (
     ApiKeyFile,
     ApiKeyGuard,
-    ConfigError,
     LocalRateLimiter,
     RateLimiter,
     RedisRateLimiter,
     generate_api_key,
     rate_limiter,
 )
+from shared.server.store import LocalBlobStore
 
 from ._brokers import free_port
 from ._cdn import serve_in_thread
+from ._needs import need
 from ._redis import RedisProcess, redis_missing
 
-pytestmark = pytest.mark.skipif(redis_missing() is not None, reason=str(redis_missing()))
+
+@pytest.fixture(autouse=True)
+def _redis_server_binary() -> None:
+    need(redis_missing())  # skipped without redis-server; failed under CI
+
 
 RATE, BURST = 2.0, 6  # per second, at once: three per-process buckets would pass 3 * BURST
 
@@ -116,6 +121,37 @@ def test_the_bucket_in_redis_grants_the_burst_then_says_how_long_to_wait(
         assert limiter.take("k2", 0.01, 3) == 0.0
     finally:
         limiter.close()
+
+
+def test_an_idle_bucket_in_redis_refills_to_its_burst_and_no_further(
+    redis_server: RedisProcess,
+) -> None:
+    import redis
+
+    rate, burst = 10.0, 3
+    client = redis.Redis.from_url(redis_server.url)
+    limiter = RedisRateLimiter(redis_server.url, prefix=f"test:{uuid.uuid4().hex[:8]}:")
+
+    def redis_now() -> float:  # the bucket's own clock
+        seconds, micros = client.time()
+        return seconds + micros / 1e6
+
+    try:
+        while limiter.take("idle", rate, burst) == 0.0:  # empty the bucket
+            pass
+        # idle for 0.8 s of Redis's clock: 8 tokens' worth of refill, under the key's expiry
+        # (1.3 s after the last take), so the bucket that comes back is the refilled one
+        idle_until = redis_now() + 0.8
+        _wait_until(lambda: redis_now() >= idle_until)
+        start = redis_now()
+        granted = [limiter.take("idle", rate, burst) for _ in range(10)].count(0.0)
+        elapsed = redis_now() - start
+        assert limiter.shared
+        # at most the burst, plus what refills while the ten takes run
+        assert burst <= granted <= burst + rate * elapsed + 1, (granted, elapsed)
+    finally:
+        limiter.close()
+        client.close()
 
 
 def test_redis_absent_lost_and_back_falls_back_to_per_process_buckets_with_one_warning(

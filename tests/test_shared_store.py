@@ -1,4 +1,4 @@
-"""Blob stores (``shared.store``): the same behaviour on a local disk and on a real S3 server.
+"""Blob stores (``shared.server.store``): the same behaviour on a local disk and on real S3.
 
 The S3 cases talk HTTP to moto's standalone server on loopback (no in-process
 mocking), the way the CDN talks to MinIO or AWS.
@@ -16,10 +16,9 @@ from typing import Any
 import pytest
 
 import model_cdn
-import model_cdn.store
-import shared.store
+import shared.server.store
 from shared import BlobNotFoundError, InvalidStoreKeyError, StoreError, digest
-from shared.store import BlobStore, LocalBlobStore, S3BlobStore, check_digest, open_store
+from shared.server.store import BlobStore, LocalBlobStore, S3BlobStore, check_digest, open_store
 
 _CREDENTIALS = {
     "aws_access_key_id": "testing",
@@ -379,7 +378,10 @@ def test_a_store_without_objects_says_so(tmp_path: Path) -> None:
 
 
 def test_model_cdn_store_names_are_the_shared_ones() -> None:
-    for name in model_cdn.store.__all__:
-        assert getattr(model_cdn.store, name) is getattr(shared.store, name)
+    """What model_cdn re-exports of the blob stores is the shared object, never a copy."""
+    reexported = sorted(set(shared.server.store.__all__) & set(model_cdn.__all__))
+    assert {"BlobStore", "LocalBlobStore", "open_store"} <= set(reexported)
+    for name in reexported:
+        assert getattr(model_cdn, name) is getattr(shared.server.store, name), name
     assert model_cdn.StoreError is StoreError
     assert model_cdn.BlobNotFoundError is BlobNotFoundError

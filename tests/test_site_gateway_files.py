@@ -1,4 +1,4 @@
-"""Site gateways' files (``model_cdn._mqtt_bridge``): the bridge section, the site's and
+"""Site gateways' files (``tandem.broker._bridge``): the bridge section, the site's and
 the cloud's credential files, ``tandem fleet provision --gateway``, and a report that the
 uplink delivers twice. ``test_site_gateway.py`` starts brokers from these files.
 """
@@ -13,17 +13,19 @@ from typing import Any
 
 import pytest
 
-from model_cdn._mqtt_acl import provision_users, split_acl_blocks
-from model_cdn._mqtt_bridge import (
-    BridgeOptions,
-    BrokerFiles,
-    provision_gateway,
-    render_bridge_config,
-)
-from model_cdn._mqtt_dynsec import dynsec_password_matches, provision_dynsec
 from model_cdn.fleet import FleetView
 from model_cdn.registry import Registry
 from shared import ConfigError, DeviceReport, Topics
+from tandem.broker import (
+    BridgeOptions,
+    BrokerFiles,
+    provision_dynsec,
+    provision_gateway,
+    provision_users,
+)
+from tandem.broker._acl import split_acl_blocks
+from tandem.broker._bridge import render_bridge_config
+from tandem.broker._dynsec import dynsec_password_matches
 
 from ._cli import one_error_line, tandem
 
@@ -63,9 +65,13 @@ def test_bridge_forwards_requests_and_reports_out_and_each_devices_replies_and_a
         (f"{p}/dev/+/infer/+", "out", 0),
         (f"{p}/dev/+/status", "out", 2),
         (f"{p}/dev/+/telemetry", "out", 2),
+        (f"{p}/dev/+/generate/+", "out", 1),
+        (f"{p}/dev/+/cancel", "out", 1),
         (f"{p}/dev/cam-01/reply", "in", 0),
+        (f"{p}/dev/cam-01/text", "in", 1),
         (f"{p}/dev/cam-01/assign", "in", 1),
         (f"{p}/dev/cam-02/reply", "in", 0),
+        (f"{p}/dev/cam-02/text", "in", 1),
         (f"{p}/dev/cam-02/assign", "in", 1),
     }
     # A persistent session on both ends, under one stable name: what queues reports.
@@ -190,7 +196,9 @@ def test_adding_a_device_to_a_site_keeps_the_others_and_every_other_cloud_user(
     )
     assert more.site_devices == ["cam-01", "cam-02", "cam-03"]
     assert {t for t, d, _ in bridge_topics(first.bridge.read_text()) if d == "in"} == {
-        f"{TOPICS.prefix}/dev/{d}/{leaf}" for d in more.site_devices for leaf in ("reply", "assign")
+        f"{TOPICS.prefix}/dev/{d}/{leaf}"
+        for d in more.site_devices
+        for leaf in ("reply", "text", "assign")
     }
     site_clients, _ = clients_and_roles(first.site)
     assert dynsec_password_matches(site_clients["cam-01"], first.passwords["cam-01"])  # kept
@@ -206,6 +214,8 @@ def test_adding_a_device_to_a_site_keeps_the_others_and_every_other_cloud_user(
     assert roles["tandem-gateway-plant-b"] == roles_before["tandem-gateway-plant-b"]
     rights = {(a["acltype"], a["topic"]) for a in roles[gateway]["acls"]}
     assert ("publishClientSend", f"{TOPICS.prefix}/dev/cam-03/telemetry") in rights
+    assert ("publishClientSend", f"{TOPICS.prefix}/dev/cam-03/generate/+") in rights
+    assert ("publishClientReceive", f"{TOPICS.prefix}/dev/cam-03/text") in rights
     assert not any("cam-09" in topic for _, topic in rights)  # plant-b's device
 
 
@@ -259,7 +269,7 @@ def test_plain_files_keep_each_gateways_block_through_every_rewrite(tmp_path: Pa
         ["hub", "cdn", "tandem-gateway-plant-a", "tandem-gateway-plant-b", "direct-cam"]
     )
     site_acl = (tmp_path / "plant-a.acl").read_text()
-    assert f"pattern write {TOPICS.prefix}/infer/+" in site_acl  # the first layout, for now
+    assert f"pattern write {TOPICS.prefix}/infer/+" not in site_acl  # first layout: opt-in
 
 
 @pytest.mark.parametrize(

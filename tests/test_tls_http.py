@@ -24,10 +24,10 @@ from cloud_hub import Hub, HubError
 from cloud_hub.http import HttpServer, create_app
 from edge_agent import DownloadError
 from edge_agent.updater import CdnClient, DownloadSettings
-from model_cdn._server import create_app as create_cdn_app
+from model_cdn.http import create_app as create_cdn_app
 from model_cdn.registry import SqliteRegistry
-from model_cdn.store import LocalBlobStore
 from shared import SigningKey, TlsSettings, digest
+from shared.server.store import LocalBlobStore
 
 from ._brokers import free_port, wait_for_port
 from ._cdn import make_manifest_doc, serve_in_thread

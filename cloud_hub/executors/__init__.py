@@ -1,4 +1,4 @@
-"""Executors: the backends that compute a batch (ONNX Runtime, PyTorch, a Python callable).
+"""Executors: the runtimes that compute a batch (ONNX Runtime, PyTorch, a Python callable).
 
 ``TorchExecutor`` is importable here without importing torch: its module
 imports torch only when a torch model is built or loaded.

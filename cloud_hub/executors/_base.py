@@ -1,9 +1,9 @@
-"""The executor interface: one small abstract base, one private method per backend.
+"""The executor interface: one small abstract base, one private method per runtime.
 
 ``Executor.run_batch`` is what the batcher calls. It enforces, around the
-backend's ``_run``: every result is a numpy array with exactly one row per
+runtime's ``_run``: every result is a numpy array with exactly one row per
 input row (so results can be split back to the requests of a batch), and any
-error the backend raises becomes ``ExecutorError`` (``raise … from e``), so a
+error the runtime raises becomes ``ExecutorError`` (``raise … from e``), so a
 broken model fails its batch, never the hub. ``run`` is the same without the
 row check, for models served with ``max_batch_size = 0``.
 
@@ -74,7 +74,7 @@ class Executor(ABC):
             raw = self._run(dict(inputs))
         except HubError:
             raise
-        except Exception as e:  # the backend's own errors, whatever their type
+        except Exception as e:  # the runtime's own errors, whatever their type
             raise ExecutorError(f"{self.platform} model failed on {self.device}: {e}") from e
         if not isinstance(raw, Mapping) or not raw:
             raise ExecutorError(

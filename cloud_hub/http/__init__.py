@@ -26,6 +26,7 @@ from ._codec import (
     encode_infer_response,
     parse_header_length,
 )
+from ._openai import TokenBudget
 from ._server import HttpServer
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "InferRequest",
     "RequestedOutput",
     "ServedHub",
+    "TokenBudget",
     "create_app",
     "decode_infer_request",
     "encode_infer_response",

@@ -3,13 +3,22 @@
 Routes (``[/versions/{v}]`` is optional; without it the served version answers)::
 
     GET  /v2                                       server metadata (extensions: binary_tensor_data)
-    GET  /v2/health/live                           200 {"live": true} while the process serves
-    GET  /v2/health/ready                          200 {"ready": true}; 503 while not serving
+    GET  /v2/health/live                           200 {"live": true} once the process is up
+    GET  /v2/health/ready                          200 {"ready": true}; 503 naming what is missing
+                                                   (no model loaded, models loading, the broker)
     GET  /v2/models/{name}[/versions/{v}]          model metadata; 404 if not served
     GET  /v2/models/{name}[/versions/{v}]/ready    200 {"name", "ready": true}; 503; 404
     POST /v2/models/{name}[/versions/{v}]/infer    inference: JSON, or JSON + binary tensors
+    GET  /v2/models/stats                          Triton's statistics of every served model
+    GET  /v2/models/{name}[/versions/{v}]/stats    one model's statistics; 404 if not served
+    GET|POST /v2/repository/index                  [{name, version, state, reason}]; body
+                                                   {"ready": true}: only the ready ones
+    POST /v2/repository/models/{name}/load|unload  501: not supported (``_repository``)
     GET  /metrics                                  the hub's Prometheus registry (``_prometheus``)
     GET  /openapi.json, /docs                      the OpenAPI document of the JSON protocol
+    GET  /v1/models, POST /v1/completions, POST /v1/chat/completions
+                                                   OpenAI-compatible text generation for an
+                                                   in-process Hub's language models (``_openai``)
 
 Errors are ``{"error": "..."}`` with the status of the hub's wire code:
 400 bad_request / invalid_input (malformed JSON, wrong datatype or shape,
@@ -18,7 +27,7 @@ binary sizes that do not add up, a bad header length), 404 unknown_model,
 rows than max_batch_size; the body's Content-Length is checked before
 reading, the streamed length while reading), 415 a Content-Encoding other
 than identity, or a Content-Type other than JSON or application/octet-stream
-(none at all is taken: Triton's client sends none; ``shared._http_guards``
+(none at all is taken: Triton's client sends none; ``shared.server._http_guards``
 says why text, form and multipart bodies are refused), 503 overloaded or not
 serving (with Retry-After), 504
 deadline_exceeded (Triton's request parameter ``timeout``, microseconds), 500
@@ -37,7 +46,12 @@ loop. Every infer outcome is counted in ``hub.prometheus`` with
 ``/metrics`` (scraped from inside the network). ``api_keys`` (a
 ``shared.ApiKeyGuard``) adds one that asks for API keys with scopes and
 per-key rate limits: see ``_auth`` for which route needs what; health
-probes, ``/v2`` and ``/metrics`` stay open.
+probes, ``/v2`` and ``/metrics`` stay open; the statistics and repository
+routes need ``rollout:admin``. The statistics are what ``/metrics`` counts,
+in Triton's JSON (``_statistics``): ``ServedHub.statistics`` gives them
+(``HubMetrics.model_counts`` in process, ``PlaneMetrics.model_counts`` over
+the process plane's books, which lag up to a second: each process writes its
+book about every second).
 """
 
 from __future__ import annotations
@@ -49,7 +63,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any
 
 import numpy as np
 from fastapi import APIRouter, FastAPI, Header, Request
@@ -60,26 +74,20 @@ from pydantic.json_schema import models_json_schema
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shared import (
-    BINARY_MEDIA_TYPE,
-    JSON_MEDIA_TYPE,
-    ApiKeyGuard,
-    ErrorCode,
-    Limits,
-    TensorError,
-    UnsupportedMediaTypeError,
-    body_media_type,
-)
+from shared import Limits, TensorError, UnsupportedMediaTypeError
+from shared.server import BINARY_MEDIA_TYPE, JSON_MEDIA_TYPE, ApiKeyGuard, body_media_type
 
-from .._backend import Backend, Outcome
-from .._batcher import HubResult
+from .._dispatch import Dispatcher, Outcome
 from .._errors import (
     ExecutorError,
     HubError,
     InvalidRequestError,
 )
-from .._link import ModelInfo
-from .._server import Hub
+from .._hub import Hub
+from .._model_info import ModelInfo
+from .._results import HubResult
+from ..language import LanguageModels
+from ..metrics import ModelCounts, RequestRecorder
 from ._auth import api_key_auth
 from ._bodies import OFFLOAD_BYTES, ByteBudget, declared_length, maybe_offload, read_body
 from ._codec import (
@@ -90,6 +98,8 @@ from ._codec import (
     parse_header_length,
 )
 from ._errors import describe, error_response, http_error, hub_error, validation_error
+from ._openai import TokenBudget, openai_router
+from ._repository import add_repository_routes
 from ._schemas import (
     ErrorResponse,
     InferenceRequest,
@@ -134,34 +144,20 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-class MetricsSink(Protocol):
-    content_type: str
-
-    def record(
-        self,
-        transport: str,
-        model: str,
-        version: str | None,
-        *,
-        received: float,
-        error: ErrorCode = ErrorCode.OK,
-        result: HubResult | None = None,
-    ) -> None: ...
-
-    def render(self) -> bytes: ...
-
-
 @dataclass(frozen=True)
 class ServedHub:
-    """What the API serves: a backend, where answers are counted, and the size limits.
+    """What the API serves: a dispatcher, where answers are counted, and the size limits.
 
     ``create_app(hub)`` builds one from an in-process ``Hub``; a hub's HTTP
     ingress process builds one over its executor pool.
     """
 
-    backend: Backend
-    metrics: MetricsSink
+    dispatcher: Dispatcher
+    metrics: RequestRecorder
     limits: Limits
+    missing: Callable[[], list[str]] | None = None  # what else readiness waits for (a broker)
+    language: LanguageModels | None = None  # served by the OpenAI routes (/v1), if any
+    statistics: Callable[[str, str], ModelCounts] | None = None  # counts of model@version
 
 
 def create_app(
@@ -172,10 +168,25 @@ def create_app(
     max_inflight_bytes: int = DEFAULT_MAX_INFLIGHT_BYTES,
     dependencies: Sequence[Any] = (),
     api_keys: ApiKeyGuard | None = None,
+    token_budget: TokenBudget | None = None,
 ) -> FastAPI:
-    """The FastAPI app serving ``hub`` (which the caller starts and stops)."""
+    """The FastAPI app serving ``hub`` (which the caller starts and stops).
+
+    An in-process ``Hub`` also gets the OpenAI-compatible ``/v1`` routes for its
+    language models (``_openai``; ``token_budget`` limits each key's tokens), and
+    so does a ``ServedHub`` with ``language`` (a process plane's ingress, whose
+    engines are its language executors' clients).
+    """
+    language = hub.language
     if isinstance(hub, Hub):
-        hub = ServedHub(hub.backend, hub.prometheus, hub.limits)
+        hub = ServedHub(
+            hub.dispatcher,
+            hub.prometheus,
+            hub.limits,
+            hub.missing,
+            hub.language,
+            hub.prometheus.model_counts,
+        )
     if max_body_bytes <= 0 or max_json_bytes <= 0 or max_inflight_bytes < max_body_bytes:
         raise ValueError(
             "max_body_bytes and max_json_bytes must be positive, max_inflight_bytes at least "
@@ -204,6 +215,7 @@ def create_app(
         response_model=ReadyResponse,
         responses={503: _ERRORS[503]},
     )
+    add_repository_routes(router, hub.dispatcher, hub.statistics)  # before /models/{name}
     for path, handlers in (
         ("/models/{model_name}", _unversioned(api)),
         ("/models/{model_name}/versions/{model_version}", _versioned(api)),
@@ -232,6 +244,9 @@ def create_app(
             openapi_extra={"requestBody": _INFER_BODY},
         )
     app.include_router(router)
+    if language is not None:
+        app.include_router(openai_router(language, api_keys=api_keys, token_budget=token_budget))
+    app.state.byte_budget = api.budget  # bytes of request bodies held now, and the limit
     app.add_api_route(
         "/metrics",
         api.metrics,
@@ -294,7 +309,9 @@ class _InferenceApi:
     def __init__(
         self, hub: ServedHub, *, max_body_bytes: int, max_json_bytes: int, max_inflight_bytes: int
     ) -> None:
-        self.backend = hub.backend
+        self.dispatcher = hub.dispatcher
+        self.missing = hub.missing
+        self.language = hub.language
         self.prometheus = hub.metrics
         self.limits = hub.limits
         self.max_body_bytes = max_body_bytes
@@ -309,14 +326,19 @@ class _InferenceApi:
         return {"live": True}
 
     async def ready(self) -> Any:
-        if not self.backend.ready():
-            waiting = [m for m in self.backend.model_names() if not self.backend.model_ready(m)]
-            why = f"loading {waiting}" if waiting else "the hub is not running"
-            return error_response(503, f"not ready: {why}")
+        missing = [] if self.missing is None else self.missing()
+        names = self.dispatcher.model_names()
+        if not names and not (self.language is not None and len(self.language)):
+            missing.insert(0, "models: none loaded")  # language models alone are models too
+        elif not self.dispatcher.ready():
+            waiting = [m for m in names if not self.dispatcher.model_ready(m)]
+            missing.insert(0, f"models: loading {waiting}" if waiting else "the hub is not running")
+        if missing:
+            return error_response(503, f"not ready: {'; '.join(missing)}")
         return {"ready": True}
 
     async def model_metadata(self, model_name: str, model_version: str | None) -> Any:
-        info = self.backend.describe(model_name, model_version)
+        info = self.dispatcher.describe(model_name, model_version)
         batched = info.max_batch_size > 0
 
         def tensors(specs: Sequence[Any]) -> list[dict[str, Any]]:
@@ -338,8 +360,8 @@ class _InferenceApi:
         }
 
     async def model_ready(self, model_name: str, model_version: str | None) -> Any:
-        info = self.backend.describe(model_name, model_version)
-        if not self.backend.model_ready(model_name, model_version):
+        info = self.dispatcher.describe(model_name, model_version)
+        if not self.dispatcher.model_ready(model_name, model_version):
             return error_response(503, f"model {info.model}@{info.version} is not ready")
         return {"name": info.model, "ready": True}
 
@@ -351,13 +373,11 @@ class _InferenceApi:
         inference_header_content_length: str | None,
     ) -> Response:
         received = time.monotonic()
-        held = 0
+        lease = self.budget.lease()
         try:
             body_media_type(request.headers.get("content-type"), _INFER_MEDIA_TYPES)
             declared = declared_length(request, self.max_body_bytes)
-            held = self.budget.take(declared or 0)
-            body = await read_body(request, self.max_body_bytes, declared)
-            held += self.budget.take(max(0, len(body) - held))
+            body = await read_body(request, self.max_body_bytes, declared, lease)
             encoding = request.headers.get("content-encoding", "identity").strip().lower()
             if encoding not in ("", "identity"):
                 raise UnsupportedMediaTypeError(
@@ -366,13 +386,13 @@ class _InferenceApi:
             header_length = parse_header_length(
                 inference_header_content_length, len(body), max_json_bytes=self.max_json_bytes
             )
-            info = self.backend.describe(model_name, model_version)
+            info = self.dispatcher.describe(model_name, model_version)
             decoded = await self._decode(body, header_length)
             del body  # the tensors are decoded: the text can go
             _check_outputs(info, decoded)
             deadline = None if decoded.timeout_us is None else received + decoded.timeout_us / 1e6
             result = await _submit(
-                self.backend, model_name, model_version, decoded.inputs, deadline, received
+                self.dispatcher, model_name, model_version, decoded.inputs, deadline, received
             )
             try:
                 content, json_length = await maybe_offload(
@@ -391,10 +411,11 @@ class _InferenceApi:
                 ) from e
         except Exception as e:  # every failure becomes its status; asyncio cancellation passes
             status, code, message = describe(e)
+            _drop_tracebacks(e)  # their frames hold the body: free it now, not at the next GC
             self.prometheus.record("http", model_name, model_version, received=received, error=code)
             return error_response(status, message)
         finally:
-            self.budget.give(held)  # answered, refused or cancelled: its bytes are free again
+            lease.release()  # answered, refused or cancelled: its bytes are free again
         self.prometheus.record("http", model_name, model_version, received=received, result=result)
         if json_length is None:
             return Response(content, media_type="application/json")
@@ -420,14 +441,14 @@ class _InferenceApi:
 
 
 async def _submit(
-    backend: Backend,
+    dispatcher: Dispatcher,
     model: str,
     version: str | None,
     inputs: Mapping[str, np.ndarray],
     deadline: float | None,
     arrival: float,
 ) -> HubResult:
-    """Submit to ``backend`` and await its answer, whichever thread gives it."""
+    """Submit to ``dispatcher`` and await its answer, whichever thread gives it."""
     loop = asyncio.get_running_loop()
     answer: asyncio.Future[Outcome] = loop.create_future()
     here = threading.get_ident()
@@ -442,11 +463,26 @@ async def _submit(
         else:
             loop.call_soon_threadsafe(settle, outcome)
 
-    backend.submit(model, version, inputs, deadline=deadline, arrival=arrival, done=done)
+    dispatcher.submit(model, version, inputs, deadline=deadline, arrival=arrival, done=done)
     outcome = await answer
     if isinstance(outcome, BaseException):
         raise outcome
     return outcome
+
+
+def _drop_tracebacks(error: BaseException | None) -> None:
+    """Clear the tracebacks of ``error`` and what it chains to.
+
+    A traceback holds the frames it passed through, and they the request's
+    body and tensors; a frame that also holds the exception (a worker thread's
+    hand-off does) makes a cycle that only the cyclic GC frees, which may not
+    run for a long while: a refused 7 MiB body stayed in memory.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        error.__traceback__ = None
+        error = error.__cause__ or error.__context__
 
 
 def _check_outputs(info: ModelInfo, request: InferRequest) -> None:

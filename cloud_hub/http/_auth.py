@@ -5,6 +5,8 @@ Routes and the scopes they need (a key with any one of them passes)::
     GET  /v2, /v2/health/live, /v2/health/ready       open (load balancer and k8s probes)
     GET  /v2/models/{name}[/versions/{v}][/ready]     models:read or infer
     POST /v2/models/{name}[/versions/{v}]/infer       infer
+    GET  /v2/models[/{name}[/versions/{v}]]/stats     rollout:admin (Triton's statistics)
+    *    /v2/repository/...                           rollout:admin (index, load, unload)
     GET  /metrics                                     open: not a /v2 route; serve the hub
                                                       on a private network or put a proxy
                                                       in front that keeps /metrics inside
@@ -24,11 +26,13 @@ from typing import Any
 from fastapi import Depends, Request
 from starlette.exceptions import HTTPException
 
-from shared import ApiKeyGuard, InvalidApiKeyError, RateLimitedError, ScopeError
+from shared import InvalidApiKeyError, RateLimitedError, ScopeError
+from shared.server import ApiKeyGuard
 
 __all__ = ["api_key_auth", "scopes_for"]
 
 _OPEN = frozenset({"/v2", "/v2/", "/v2/health/live", "/v2/health/ready"})
+_ADMIN = frozenset({"rollout:admin"})  # the one admin scope: what a hub serves, how it did
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 
 
@@ -36,6 +40,8 @@ def scopes_for(method: str, path: str) -> frozenset[str] | None:
     """The scopes of which a key needs one for ``method path``; None when the route is open."""
     if path in _OPEN:
         return None
+    if path.startswith("/v2/repository/") or path.endswith("/stats"):
+        return _ADMIN
     if method == "POST" and path.endswith("/infer"):
         return frozenset({"infer"})
     return frozenset({"models:read", "infer"})

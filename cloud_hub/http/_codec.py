@@ -19,7 +19,9 @@ header length is decimal, within the body and within ``max_json_bytes``
 (``LimitExceededError`` past it); the binary sizes are non-negative ints
 that add up exactly to the bytes after the header; every shape has at most
 ``max_rank`` dims and every tensor (and all together) stays within
-``Limits``; the element count equals the shape's product. Errors are
+``Limits``; the element count equals the shape's product; the JSON outside
+the large ``data`` arrays is at most ``structure_limit(limits)`` bytes, and
+those arrays are checked from their text (``_json_numbers``). Errors are
 ``BadRequestError`` (malformed body, unsupported feature),
 ``InvalidRequestError`` (data that does not fit its datatype or shape),
 ``LimitExceededError`` and ``TensorError`` (from ``shared``); the app maps
@@ -54,8 +56,8 @@ from shared import (
     encode_tensors,
 )
 
-from .._errors import BadRequestError, InvalidRequestError
-from ._json_numbers import NumberSpan, loads, parse_request
+from .._errors import BadRequestError, HubError, InvalidRequestError
+from ._json_numbers import NumberSpan, parse_request
 
 __all__ = [
     "HEADER_LENGTH",
@@ -127,9 +129,10 @@ def decode_infer_request(
     view = memoryview(body)
     binary = view[len(body) if header_length is None else header_length :]
     try:
-        # All JSON: big numeric arrays go straight to numpy. Binary tensors follow: the JSON
-        # part is small.
-        document = parse_request(body) if header_length is None else loads(view[:header_length])
+        # Big data arrays go straight to numpy, in the JSON part of a binary request too.
+        document = parse_request(body, header_length, limits=limits)
+    except HubError:
+        raise
     except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, absurd nesting
         raise BadRequestError(f"the request is not valid JSON: {e}") from None
     if not isinstance(document, dict):
@@ -289,11 +292,14 @@ def _tensor_header(raw: object, where: str, limits: Limits) -> tuple[str, str, t
 def _tensor_from_json(
     name: str, datatype: str, shape: tuple[int, ...], data: object, limits: Limits
 ) -> np.ndarray:
-    if isinstance(data, NumberSpan):  # numbers straight from the body's text, when exact
-        array = data.to_array(datatype, DATATYPES[datatype], shape)
+    if isinstance(data, NumberSpan):  # straight from the body's text, or refused from it
+        array = data.to_array(name, datatype, DATATYPES[datatype], shape)
         if array is not None:
             return array
-        data = data.slow()
+        try:
+            data = data.slow()  # BYTES of the right shape: the strings are the elements
+        except (ValueError, RecursionError) as e:
+            raise BadRequestError(f"the request is not valid JSON: {e}") from None
     flat = _flatten(data, shape, name)
     count = math.prod(shape)
     if len(flat) != count:
@@ -327,10 +333,8 @@ def _tensor_from_json(
     try:
         with np.errstate(over="ignore"):  # floats beyond FP16/FP32's range become inf
             return np.asarray(flat, dtype=dtype).reshape(shape)
-    except (OverflowError, ValueError) as e:  # an integer outside the datatype's range
-        raise InvalidRequestError(
-            f"input {name!r}: a value does not fit {datatype} ({e})"
-        ) from None
+    except (OverflowError, ValueError):  # an integer outside the datatype's range
+        raise InvalidRequestError(f"input {name!r}: a value does not fit {datatype}") from None
 
 
 def _flatten(data: object, shape: tuple[int, ...], name: str) -> list[Any]:
@@ -340,10 +344,10 @@ def _flatten(data: object, shape: tuple[int, ...], name: str) -> list[Any]:
     if not any(isinstance(v, list) for v in data):
         return data
     level: list[Any] = [data]
-    for depth, dim in enumerate(shape):
+    for dim in shape:
         if any(not isinstance(v, list) or len(v) != dim for v in level):
             raise InvalidRequestError(
-                f"input {name!r}: nested 'data' does not match shape {list(shape)} at depth {depth}"
+                f"input {name!r}: nested 'data' does not match shape {list(shape)}"
             )
         level = [item for v in level for item in v]
     return level

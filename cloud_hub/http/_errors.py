@@ -15,7 +15,9 @@ from shared import ErrorCode, ProtocolError, UnsupportedMediaTypeError
 
 from .._errors import HubError, error_code
 
-__all__ = ["describe", "error_response", "http_error", "hub_error", "validation_error"]
+__all__ = [
+    "describe", "error_response", "http_error", "hub_error", "status_of", "validation_error",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,11 @@ _STATUS = {
     ErrorCode.DEADLINE_EXCEEDED: 504,
     ErrorCode.INTERNAL: 500,
 }
+
+
+def status_of(code: ErrorCode | None) -> int:
+    """The HTTP status of a wire code (``None``, as an internal failure: 500)."""
+    return _STATUS.get(code or ErrorCode.INTERNAL, 500)
 
 
 def describe(error: Exception) -> tuple[int, ErrorCode, str]:

@@ -17,7 +17,7 @@ files are read in ``start``, so a bad one raises there, in the caller.
 
 ``timeouts`` (``shared.HttpTimeouts``) bound how long a client may take to
 send a request's headers and body: a slow client is answered 408 and
-dropped instead of holding a connection for ever (``shared._http_guards``).
+dropped instead of holding a connection for ever (``shared.server._http_guards``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from shared import HttpTimeouts, uvicorn_options
+from shared.server import HttpTimeouts, uvicorn_options
 
 from .._errors import HubError
 

@@ -15,24 +15,30 @@ Typical use::
                            mqtt=MqttSettings.from_url("mqtts://hub.example"))
     updater.start()
 
-``_trust`` decides (pure), ``_download`` talks HTTP, ``_fetch`` turns a verified
-manifest into verified model bytes, ``_smoke`` loads and checks them, ``_store``
-keeps models on disk, ``_updater`` runs the steps and reports.
+``_trust`` decides (pure), ``_fetcher`` is what the updater asks of a CDN
+(``CdnFetcher``: the rules; ``ModelUpdater(fetcher=...)`` takes another
+implementation), ``_urllib_fetcher`` its default on urllib (``CdnClient``),
+``_sources`` turns a verified manifest into verified model bytes, ``_smoke``
+loads and checks them, ``_store`` keeps models on disk, ``_updater`` runs
+the steps and reports.
 """
 
-from ._download import CdnClient, DownloadResult, DownloadSettings
+from ._fetcher import CdnFetcher, DownloadResult, DownloadSettings, FetchResponse
 from ._stats import UpdaterStats
 from ._store import CurrentPointer, DeviceModelStore, InstalledModel, LoadedModel
 from ._trust import TrustRecord, UpdateTrust
 from ._updater import STEPS, ModelUpdater
+from ._urllib_fetcher import CdnClient
 
 __all__ = [
     "STEPS",
     "CdnClient",
+    "CdnFetcher",
     "CurrentPointer",
     "DeviceModelStore",
     "DownloadResult",
     "DownloadSettings",
+    "FetchResponse",
     "InstalledModel",
     "LoadedModel",
     "ModelUpdater",

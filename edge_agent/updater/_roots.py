@@ -14,14 +14,12 @@ updates until it expires).
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from pathlib import Path
 
-from shared import MAX_ROOT_ROTATIONS, ManifestError
+from shared import MAX_ROOT_ROTATIONS, ManifestError, atomic_write_bytes
 
 from .._errors import DownloadError
-from ._download import CdnClient
+from ._fetcher import CdnFetcher
 from ._trust import Trust, as_root
 
 __all__ = ["RootKeeper"]
@@ -32,7 +30,7 @@ log = logging.getLogger("tandem.edge.updater")
 class RootKeeper:
     """The device's root (one ``TrustedRoot``, rotated in place) and where it is kept."""
 
-    def __init__(self, trust: Trust, store_dir: str | Path, cdn: CdnClient | None = None) -> None:
+    def __init__(self, trust: Trust, store_dir: str | Path, cdn: CdnFetcher | None = None) -> None:
         self.root = as_root(trust)
         self._dir = Path(store_dir) / "roots"
         self._cdn = cdn
@@ -74,13 +72,4 @@ class RootKeeper:
 
     def _keep(self, version: int, raw: bytes) -> None:
         self._dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self._dir, prefix=".root-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(raw)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._dir / f"{version}.root.json")
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_bytes(self._dir / f"{version}.root.json", raw, mode=0o600)

@@ -6,20 +6,29 @@ elementwise, no relative slack); a manifest without a smoke test still has
 its model run once on zeros shaped like its inputs, so a model that loads
 but cannot run is caught before it serves. Any failure is a
 ``SmokeTestError``; the runtime it loaded is closed.
+
+A package (a language model folder) loads as a ``LanguageRuntime`` only on a
+device whose ``onnxruntime_genai`` is at least the manifest's
+``requires.min_version``, and passes when its greedy generation from the
+manifest's prompt (``shared.greedy_ids``, as the publisher ran it) gives the
+same prompt ids and at least ``min_matching`` leading output ids.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
-from shared import ModelManifest, numpy_dtype
+from shared import ManifestError, ModelManifest, greedy_ids, numpy_dtype
 
 from .._errors import EdgeError, SmokeTestError
+from ..language import LanguageRuntime
 from ..runtimes import ModelRuntime, OnnxRuntime, TFLiteRuntime
 
-__all__ = ["load_checked_runtime"]
+__all__ = ["load_checked_language", "load_checked_runtime"]
 
 _BY_FORMAT: dict[str, Callable[..., ModelRuntime]] = {
     "onnx": OnnxRuntime,
@@ -76,3 +85,64 @@ def _smoke_test(runtime: ModelRuntime, manifest: ModelManifest, what: str) -> No
             raise SmokeTestError(
                 f"{what} smoke test: output {name!r} is off by up to {worst:.3g} (atol {atol:g})"
             )
+
+
+def load_checked_language(manifest: ModelManifest, directory: Path) -> LanguageRuntime:
+    """A language runtime for the verified package folder ``directory`` that passed its
+    smoke generation."""
+    what = f"{manifest.name}@{manifest.version}"
+    _check_runtime_version(manifest, what)
+    try:
+        runtime = LanguageRuntime(directory, name=manifest.name, version=str(manifest.version))
+    except EdgeError as e:
+        raise SmokeTestError(f"{what} does not load: {e}") from e
+    try:
+        _smoke_generate(runtime, manifest, what)
+    except BaseException:
+        runtime.close()
+        raise
+    return runtime
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def _check_runtime_version(manifest: ModelManifest, what: str) -> None:
+    floor = manifest.requires.get("min_version")
+    if not isinstance(floor, str):
+        return
+    try:
+        import onnxruntime_genai as og
+    except ImportError as e:
+        raise SmokeTestError(f"{what} needs onnxruntime-genai: pip install 'tandem[llm]'") from e
+    have = str(getattr(og, "__version__", "0"))
+    if _version_tuple(have) < _version_tuple(floor):
+        raise SmokeTestError(f"{what} needs onnxruntime-genai >= {floor}; this device has {have}")
+
+
+def _smoke_generate(runtime: LanguageRuntime, manifest: ModelManifest, what: str) -> None:
+    try:
+        smoke = manifest.generation_smoke()
+    except ManifestError as e:
+        raise SmokeTestError(f"{what}: {e}") from e
+    if runtime.encode(smoke.prompt) != smoke.prompt_ids:
+        raise SmokeTestError(f"{what} smoke test: its tokenizer encodes the prompt otherwise")
+    wanted = smoke.output_ids
+    try:
+        generator = runtime.new_generator(
+            {"do_sample": False, "max_length": len(smoke.prompt_ids) + len(wanted)}
+        )
+    except EdgeError as e:
+        raise SmokeTestError(f"{what} fails its smoke generation: {e}") from e
+    try:
+        got = greedy_ids(generator, smoke.prompt_ids, len(wanted))
+    except Exception as e:  # ONNX Runtime GenAI's own errors
+        raise SmokeTestError(f"{what} fails its smoke generation: {e}") from e
+    finally:
+        runtime.release(generator)
+    if got[: smoke.min_matching] != wanted[: smoke.min_matching]:
+        raise SmokeTestError(
+            f"{what} smoke test: generated {got[: smoke.min_matching]}, "
+            f"the publisher's model generated {wanted[: smoke.min_matching]}"
+        )

@@ -5,6 +5,8 @@ Layout under ``root``::
     <model>/current.json             {"version": N, "previous": M, "highest_accepted": H,
                                       "last_issued_at": "…"}
     <model>/<version>/model.onnx     the raw model (model.tflite for TFLite)
+    <model>/<version>/package/       a package's files (``format: "onnx-genai"``): the
+                                     folder ONNX Runtime GenAI loads
     <model>/<version>/manifest.json  the signed manifest, byte for byte as the CDN sent it
     <model>/<version>/install.json   {"raw_digest": "sha256:…", "raw_size": …}
     <model>/.partial/<hex>.part      a blob download in progress (and its .etag)
@@ -17,24 +19,27 @@ Invariants:
 - A version directory appears whole or not at all: it is written under a
   ``.staging-*`` name, each file fsynced, then renamed into place and the
   parent directory fsynced.
-- ``current.json`` is replaced atomically (temp file, fsync, rename, fsync
-  directory), so after a crash it names either the old or the new version;
-  it moves only after the new version's directory is complete. The previous
-  version is kept for rollback; other versions, finished downloads and
-  leftovers of interrupted installs are deleted after a commit. A complete
+- ``current.json`` is replaced atomically (``shared.atomic_write_bytes``:
+  temp file, fsync, rename, fsync directory), so after a crash it names
+  either the old or the new version; it moves only after the new version's
+  directory is complete. The previous version is kept for rollback; other
+  versions, finished downloads and leftovers of interrupted installs
+  (``.staging-*``, ``.trash-*``, ``.tmp-*``) are deleted after a commit. A complete
   version directory that no commit named yet (a crash after ``install``)
   stays until then, re-verified before it is reused.
 - ``load_current`` serves nothing it has not re-verified: the stored
   manifest's signature against the pinned keys, its name and version, and
   the model file's size and SHA-256 against what was verified at install
   (the manifest's signed ``raw_digest`` when the publisher provides one).
+  A package is checked file by file (each listed file's size and SHA-256,
+  nothing else in its folder), then as the canonical archive rebuilt from
+  those files against the same raw digest.
   A model that fails, or fails to load and pass its smoke test, is skipped
   for the previous version; neither passing gives ``None``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -46,17 +51,24 @@ from pathlib import Path
 from typing import Any
 
 from shared import (
+    ATOMIC_TEMP_PREFIX,
     DIGEST_PATTERN,
     MAX_DOCUMENT_BYTES,
     ConfigError,
     ModelManifest,
+    PackageError,
+    atomic_write_bytes,
     digest,
+    fsync_directory,
+    pack_files,
+    unpack_package,
     validate_name,
 )
 
 from .._errors import IntegrityError, StoreError, UpdateError
+from ..language import LanguageRuntime
 from ..runtimes import ModelRuntime
-from ._smoke import load_checked_runtime
+from ._smoke import load_checked_language, load_checked_runtime
 from ._trust import Trust, TrustRecord, verify_installed_manifest
 
 __all__ = ["CurrentPointer", "DeviceModelStore", "InstalledModel", "LoadedModel"]
@@ -102,15 +114,15 @@ class InstalledModel:
     """A stored version whose files were just re-verified."""
 
     manifest: ModelManifest
-    raw: bytes
-    path: Path
+    raw: bytes  # the model file, or a package's archive rebuilt from its files
+    path: Path  # the model file, or a package's folder
 
 
 @dataclass(frozen=True)
 class LoadedModel:
     """A verified stored version, loaded and smoke-tested."""
 
-    runtime: ModelRuntime
+    runtime: ModelRuntime | LanguageRuntime  # LanguageRuntime: a package
     version: int
     manifest: ModelManifest
 
@@ -175,6 +187,11 @@ class DeviceModelStore:
         manifest = verify_installed_manifest(signed, trusted_keys, model=model, version=version)
         expected = _expected_raw_digest(manifest, vdir)
         path = vdir / manifest.model_file
+        if manifest.package is not None:
+            raw = _stored_package(path, manifest, f"{model}@{version}")
+            if digest(raw) != expected:
+                raise IntegrityError(f"stored {model}@{version} does not match its verified digest")
+            return InstalledModel(manifest, raw, path)
         try:
             if path.stat().st_size != manifest.blob.raw_size:
                 raise IntegrityError(
@@ -198,7 +215,11 @@ class DeviceModelStore:
                 continue
             try:
                 stored = self.installed(model, version, trusted_keys)
-                runtime = load_checked_runtime(stored.manifest, stored.raw)
+                runtime: ModelRuntime | LanguageRuntime
+                if stored.manifest.package is not None:
+                    runtime = load_checked_language(stored.manifest, stored.path)
+                else:
+                    runtime = load_checked_runtime(stored.manifest, stored.raw)
             except UpdateError as e:
                 log.error("model store: not serving %s@%s: %s", model, version, e)
                 continue
@@ -208,7 +229,8 @@ class DeviceModelStore:
     # -- writing -----------------------------------------------------------------------------
 
     def install(self, model: str, manifest: ModelManifest, signed: bytes, raw: bytes) -> Path:
-        """Write a verified version whole into its directory; returns the model file's path."""
+        """Write a verified version whole into its directory; returns the model file's path
+        (a package's folder, its files unpacked from ``raw`` and checked against the listing)."""
         if manifest.name != model:
             raise StoreError(f"manifest of {manifest.name!r} cannot be stored as {model!r}")
         vdir = self.version_dir(model, manifest.version)
@@ -216,14 +238,14 @@ class DeviceModelStore:
         raw_digest = digest(raw)
         try:
             if vdir.exists():
-                if _intact(vdir, manifest.model_file, raw_digest):
+                if _intact(vdir, manifest, raw_digest):
                     return vdir / manifest.model_file  # already there, same bytes
                 pointer = self.pointer(model)
                 referenced = pointer is not None and manifest.version in (
                     pointer.version,
                     pointer.previous,
                 )
-                if referenced and _intact(vdir, manifest.model_file, None):
+                if referenced and _intact(vdir, manifest, None):
                     raise StoreError(
                         f"{model}@{manifest.version} is installed with other content; "
                         "a published version never changes, so this one is refused"
@@ -231,30 +253,39 @@ class DeviceModelStore:
                 self._discard(vdir)  # a broken copy or the leftover of an interrupted install
             staging = mdir / f".staging-{manifest.version}-{secrets.token_hex(4)}"
             staging.mkdir(parents=True)
-            _write_synced(staging / manifest.model_file, raw)
-            _write_synced(staging / MANIFEST, signed)
-            record = {"raw_digest": raw_digest, "raw_size": len(raw)}
-            _write_synced(staging / INSTALL_RECORD, json.dumps(record).encode())
-            _fsync_dir(staging)
-            staging.rename(vdir)
-            _fsync_dir(mdir)
+            try:
+                _write_model(staging / manifest.model_file, manifest, raw)
+                _write_synced(staging / MANIFEST, signed)
+                record = {"raw_digest": raw_digest, "raw_size": len(raw)}
+                _write_synced(staging / INSTALL_RECORD, json.dumps(record).encode())
+                fsync_directory(staging)
+                staging.rename(vdir)
+            except BaseException:
+                self._discard(staging)  # a full disk must not keep a half-written copy too
+                raise
+            fsync_directory(mdir)
         except OSError as e:
             raise StoreError(f"cannot write {model}@{manifest.version} to the store: {e}") from e
         return vdir / manifest.model_file
+
+    def discard_uncommitted(self, model: str, version: int) -> None:
+        """Remove ``model@version`` unless ``current.json`` names it (a package that was
+        installed, then failed its smoke test, must not be reused as is)."""
+        pointer = self.pointer(model)
+        if pointer is not None and version in (pointer.version, pointer.previous):
+            return
+        vdir = self.version_dir(model, version)
+        if vdir.exists():
+            self._discard(vdir)
 
     def commit(self, model: str, pointer: CurrentPointer) -> None:
         """Make ``pointer`` current atomically, then drop what it no longer needs."""
         if not self.has_version(model, pointer.version):
             raise StoreError(f"cannot commit {model}@{pointer.version}: it is not installed")
         mdir = self.model_dir(model)
-        tmp = mdir / f".{POINTER}.{secrets.token_hex(4)}"
         try:
-            _write_synced(tmp, pointer.to_json())
-            tmp.replace(mdir / POINTER)
-            _fsync_dir(mdir)
+            atomic_write_bytes(mdir / POINTER, pointer.to_json())
         except OSError as e:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise StoreError(f"cannot commit {model}@{pointer.version}: {e}") from e
         self.cleanup(model, keep=(pointer.version, pointer.previous), partials=True)
 
@@ -269,7 +300,7 @@ class DeviceModelStore:
         wanted = None if keep is None else {str(v) for v in keep if v is not None}
         for entry in mdir.iterdir():
             name = entry.name
-            leftover = name.startswith((".staging-", ".trash-", f".{POINTER}."))
+            leftover = name.startswith((".staging-", ".trash-", ATOMIC_TEMP_PREFIX, f".{POINTER}."))
             unwanted = (
                 wanted is not None and entry.is_dir() and name.isdigit() and name not in wanted
             )
@@ -303,15 +334,57 @@ def _expected_raw_digest(manifest: ModelManifest, vdir: Path) -> str:
     return recorded
 
 
-def _intact(vdir: Path, model_file: str, want: str | None) -> bool:
+def _intact(vdir: Path, manifest: ModelManifest, want: str | None) -> bool:
     """Whether ``vdir``'s model matches its install record (and ``want``, if given)."""
+    path = vdir / manifest.model_file
     try:
         record = json.loads(_read_small(vdir / INSTALL_RECORD, _SMALL_FILE_BYTES))
         recorded = record["raw_digest"]
-        actual = digest((vdir / model_file).read_bytes())
-    except (OSError, ValueError, KeyError, TypeError):
+        if manifest.package is not None:
+            actual = digest(_stored_package(path, manifest, str(vdir)))
+        else:
+            actual = digest(path.read_bytes())
+    except (OSError, ValueError, KeyError, TypeError, UpdateError):
         return False
     return actual == recorded and (want is None or actual == want)
+
+
+def _write_model(path: Path, manifest: ModelManifest, raw: bytes) -> None:
+    """The model file, or a package's folder of verified files, each fsynced."""
+    if manifest.package is None:
+        _write_synced(path, raw)
+        return
+    try:
+        files = unpack_package(raw, manifest.package)
+    except PackageError as e:
+        raise IntegrityError(f"{manifest.name}@{manifest.version}: {e}") from e
+    path.mkdir()
+    for name, data in files.items():  # names checked against the listing: no path escapes
+        _write_synced(path / name, data)
+    fsync_directory(path)
+
+
+def _stored_package(folder: Path, manifest: ModelManifest, what: str) -> bytes:
+    """A stored package's archive, rebuilt from its folder once every listed file has its
+    size and digest and nothing else is there."""
+    assert manifest.package is not None
+    listed = manifest.package.by_name()
+    try:
+        present = {p.name for p in folder.iterdir()}
+        if present != set(listed):
+            raise IntegrityError(f"stored {what} holds other files than its manifest lists")
+        files = {}
+        for name, entry in listed.items():
+            path = folder / name
+            if path.is_symlink() or path.stat().st_size != entry.size:
+                raise IntegrityError(f"stored {what}: {name} is not the listed file")
+            data = path.read_bytes()
+            if digest(data) != entry.digest:
+                raise IntegrityError(f"stored {what}: {name} does not match its signed digest")
+            files[name] = data
+    except OSError as e:
+        raise StoreError(f"stored {what} is unreadable: {e}") from e
+    return pack_files(files)
 
 
 def _read_small(path: Path, limit: int) -> bytes:
@@ -327,16 +400,3 @@ def _write_synced(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # platforms that cannot open a directory (Windows): nothing to sync
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

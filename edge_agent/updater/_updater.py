@@ -10,12 +10,22 @@ runs one update at a time::
 
     downloading  fetch the manifest, check it (``_trust``), fetch the blob, or
                  the delta from the running version when that is smaller, or
-                 reuse the copy the store still holds (a rollback) (``_fetch``)
+                 reuse the copy the store still holds (a rollback) (``_sources``)
     verifying    SHA-256 of the bytes, decompress / apply the delta (bounded
                  by raw_size), load the model and run its smoke test (``_smoke``)
     installing   write the version whole into the store (``_store``)
     swapping     ``agent.swap_model``: the next request runs the new model
+                 (``agent.swap_language`` for a package: the next turn)
     committing   flip ``current.json``, then report installed / rolled-back
+
+A package (``format: "onnx-genai"``, a language model folder) takes the same
+steps, except that it can only load from disk: "verifying" checks the
+archive's digests, "installing" unpacks it (``shared.unpack_package``: only
+the listed files, each of its signed size and SHA-256, no links or paths out
+of the folder) into the version's directory, which is not yet current, and
+loads it there for its smoke generation; a package that fails is removed.
+The agent's ``language`` runtime is what it swaps and what ``running_version``
+reads when the agent's tensor model is not this updater's model.
 
 Trust: ``trusted_keys`` is a ``shared.TrustedRoot`` (assignments checked
 against its assigner role, manifests against its publisher role, with their
@@ -34,7 +44,9 @@ not retried (a new one must come); other failures are retried, with
 exponential backoff from ``poll_interval_s``.
 
 ``step_hook(name)`` runs at the start of each step; tests use it to stop the
-process there.
+process there. ``fetcher``, instead of ``cdn_url``, is how the updater reaches
+the CDN: any ``CdnFetcher`` (``_fetcher``; the default is ``CdnClient`` on
+urllib, with ``read_token`` and ``download`` settings).
 """
 
 from __future__ import annotations
@@ -52,6 +64,7 @@ from shared import (
     MAX_DOCUMENT_BYTES,
     Assignment,
     InboundMessage,
+    ModelManifest,
     MqttSettings,
     Topics,
     UpdateState,
@@ -61,17 +74,19 @@ from shared import (
     validate_name,
 )
 
-from .._base_agent import BaseAgent
+from .._agent_core import BaseAgent
 from .._device_link import DeviceLink
 from .._errors import DownloadError, UntrustedUpdateError, UpdateError
+from ..language import LanguageRuntime
 from ..runtimes import ModelRuntime
-from ._download import CdnClient, DownloadSettings
-from ._fetch import ModelFetcher
+from ._fetcher import CdnFetcher, DownloadSettings
 from ._roots import RootKeeper
-from ._smoke import load_checked_runtime
+from ._smoke import load_checked_language, load_checked_runtime
+from ._sources import ModelSources
 from ._stats import UpdaterStats
 from ._store import CurrentPointer, DeviceModelStore
 from ._trust import Trust, UpdateTrust
+from ._urllib_fetcher import CdnClient
 
 __all__ = ["STEPS", "ModelUpdater"]
 
@@ -92,7 +107,7 @@ class ModelUpdater:
         *,
         model: str,
         device_id: str,
-        cdn_url: str,
+        cdn_url: str | None = None,
         trusted_keys: Trust,
         store_dir: str | Path,
         mqtt: MqttSettings | None = None,
@@ -102,7 +117,14 @@ class ModelUpdater:
         step_hook: Callable[[str], None] | None = None,
         download: DownloadSettings | None = None,
         link: DeviceLink | None = None,
+        fetcher: CdnFetcher | None = None,
     ) -> None:
+        if (cdn_url is None) == (fetcher is None):
+            raise ValueError("give cdn_url (the default urllib fetcher) or fetcher, not both")
+        if fetcher is not None and (read_token is not None or download is not None):
+            raise ValueError(
+                "read_token and download configure the default fetcher; give them to yours"
+            )
         if not poll_interval_s > 0:
             raise ValueError(f"poll_interval_s must be > 0, got {poll_interval_s!r}")
         self.agent = agent
@@ -113,12 +135,12 @@ class ModelUpdater:
         self.mqtt = self.link.settings if self.link is not None else None
         self.poll_interval_s = poll_interval_s
         self.stats = UpdaterStats()
-        self._cdn = CdnClient(cdn_url, read_token=read_token, settings=download)
+        self._cdn = fetcher or CdnClient(str(cdn_url), read_token=read_token, settings=download)
         self._roots = RootKeeper(trusted_keys, store_dir, self._cdn)
         self._keys = self._roots.root  # one object: a rotation is seen by every check
         self._store = DeviceModelStore(store_dir)
         self._stopping = threading.Event()  # also cancels a download in progress
-        self._fetcher = ModelFetcher(
+        self._fetcher = ModelSources(
             self._cdn,
             self._store,
             model=self.model,
@@ -153,7 +175,21 @@ class ModelUpdater:
         (their manifests checked against the root as the store last advanced it)."""
         root = RootKeeper(trusted_keys, store_dir).root
         loaded = DeviceModelStore(store_dir).load_current(model, root)
-        return loaded.runtime if loaded is not None else None
+        if loaded is None or not isinstance(loaded.runtime, ModelRuntime):
+            return None
+        return loaded.runtime
+
+    @staticmethod
+    def bootstrap_language(
+        store_dir: str | Path, trusted_keys: Trust, model: str
+    ) -> LanguageRuntime | None:
+        """``bootstrap`` for a package: the language runtime to give the agent as
+        ``language_model`` (the committed version, else the previous, else None)."""
+        root = RootKeeper(trusted_keys, store_dir).root
+        loaded = DeviceModelStore(store_dir).load_current(model, root)
+        if loaded is None or not isinstance(loaded.runtime, LanguageRuntime):
+            return None
+        return loaded.runtime
 
     @property
     def status(self) -> UpdateStatus | None:
@@ -167,11 +203,12 @@ class ModelUpdater:
 
     @property
     def running_version(self) -> int | None:
-        """The version the agent serves, if it is a version of this updater's model."""
-        runtime = self.agent.runtime
-        if runtime is None or runtime.name != self.model or not runtime.version.isdigit():
-            return None
-        return int(runtime.version) or None
+        """The version the agent serves, if it is a version of this updater's model (its
+        tensor model, else its language model)."""
+        for runtime in (self.agent.runtime, self.agent.language):
+            if runtime is not None and runtime.name == self.model and runtime.version.isdigit():
+                return int(runtime.version) or None
+        return None
 
     def start(self) -> ModelUpdater:
         """Listen for assignments (MQTT and/or polling) in the background."""
@@ -316,13 +353,17 @@ class ModelUpdater:
 
         self._step("verifying", assignment, UpdateState.VERIFYING)
         raw = self._fetcher.expand(manifest, fetched)
-        runtime = load_checked_runtime(manifest, raw)
-
-        self._step("installing", assignment)
-        self._store.install(self.model, manifest, signed, raw)
-
-        self._step("swapping", assignment)
-        old = self.agent.swap_model(runtime)
+        if manifest.package is not None:
+            self._step("installing", assignment)
+            language = self._install_package(manifest, signed, raw)
+            self._step("swapping", assignment)
+            old: ModelRuntime | LanguageRuntime | None = self.agent.swap_language(language)
+        else:
+            runtime = load_checked_runtime(manifest, raw)
+            self._step("installing", assignment)
+            self._store.install(self.model, manifest, signed, raw)
+            self._step("swapping", assignment)
+            old = self.agent.swap_model(runtime)
         try:
             self._step("committing", assignment)
             previous = running if running is not None and running != version else None
@@ -330,8 +371,11 @@ class ModelUpdater:
                 previous = None
             record = self._trust.after_commit(assignment)
             self._store.commit(self.model, CurrentPointer(version, previous, record))
-        except BaseException:
-            self.agent.runtime = old  # the store still says old: serve it again
+        except BaseException:  # the store still says old: serve it again
+            if manifest.package is not None:
+                self.agent.language = old  # type: ignore[assignment]  # what it swapped out
+            else:
+                self.agent.runtime = old  # type: ignore[assignment]
             raise
         self._trust.record = record
         if rollback:
@@ -340,6 +384,18 @@ class ModelUpdater:
             self.stats.installed += 1
         state = UpdateState.ROLLED_BACK if rollback else UpdateState.INSTALLED
         self._report(version, state, "", assignment.rollout)
+
+    def _install_package(
+        self, manifest: ModelManifest, signed: bytes, raw: bytes
+    ) -> LanguageRuntime:
+        """Unpack the verified archive into its (not yet current) version directory and
+        load it there; a package that does not load or generate is removed again."""
+        folder = self._store.install(self.model, manifest, signed, raw)
+        try:
+            return load_checked_language(manifest, folder)
+        except BaseException:
+            self._store.discard_uncommitted(self.model, manifest.version)
+            raise
 
     # -- reporting ---------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ function svg(tag, attrs) {
 async function api(path, options) {
   const response = await fetch(path, {
     ...(options || {}),
-    headers: { Authorization: "Bearer " + key },
+    headers: { ...((options || {}).headers || {}), Authorization: "Bearer " + key },
   });
   let body = {};
   try { body = await response.json(); } catch (e) { body = {}; }
@@ -49,6 +49,9 @@ async function api(path, options) {
 
 const pct = (x, digits = 1) => (typeof x === "number" ? (x * 100).toFixed(digits) + "%" : "—");
 const pts = (x) => (typeof x === "number" ? (x >= 0 ? "+" : "") + (x * 100).toFixed(2) : "—");
+// A report's figure as written: whole numbers whole, others to 4 significant digits.
+const figure = (x) => (typeof x !== "number" ? String(x) : Number.isInteger(x)
+  ? x.toLocaleString("en") : String(Number(x.toPrecision(4))));
 const num = (x, digits = 3) => (typeof x === "number" ? x.toFixed(digits) : "—");
 const ago = (t) => {
   if (typeof t !== "number" || t <= 0) return "never";
@@ -58,12 +61,19 @@ const ago = (t) => {
 };
 const pill = (text) => el("span", { class: `pill ${text}`, text });
 
-function table(columns, rows, id) {
+// A cell whose text may be long (a reason, a report, a list): it wraps instead of
+// widening the table past the page.
+// ``short``: a list that is usually one word ("—"), so it needs little room.
+class Wrapped { constructor(text, short) { this.text = text; this.short = short; } }
+const wrap = (text, short) => new Wrapped(text, short);
+
+function table(columns, rows, id, cls) {
   const head = el("tr", {}, ...columns.map((c) => el("th", { text: c })));
   const body = rows.map((cells) => el("tr", {}, ...cells.map((c) =>
     c instanceof Node ? el("td", {}, c)
-      : el("td", { class: typeof c === "number" ? "num" : null, text: c }))));
-  return el("table", { id }, el("thead", {}, head), el("tbody", {}, ...body));
+      : c instanceof Wrapped ? el("td", { class: c.short ? "wrap short" : "wrap", text: c.text })
+        : el("td", { class: typeof c === "number" ? "num" : null, text: c }))));
+  return el("table", { id, class: cls }, el("thead", {}, head), el("tbody", {}, ...body));
 }
 
 // -- sign in ---------------------------------------------------------------------------
@@ -117,36 +127,122 @@ function confirmAction(text) {
 
 // -- pages -----------------------------------------------------------------------------
 
+// The fleet page asks the server for one page of devices at a time (the fleet may hold
+// 10,000): the filter box and the page live in the hash (#/fleet?q=…&offset=…), so a
+// link or a reload shows the same page. The filter box is built once and kept across
+// the two-second refreshes, so typing in it is never interrupted.
+const PAGE_SIZES = [25, 50, 100, 200];
+const FILTER_HELP = "words match a device's id, labels and models; site=factory-a: a label; " +
+  "model:NAME, version:N, status:online|offline|never narrow further";
+let fleetFilter = null;
+
+function fleetQuery() {
+  const query = new URLSearchParams((location.hash.split("?")[1]) || "");
+  const size = Number(query.get("limit"));
+  return { text: query.get("filter") || "", offset: Math.max(0, Number(query.get("offset")) || 0),
+    limit: PAGE_SIZES.includes(size) ? size : 50 };
+}
+
+function setFleetQuery(q) {
+  const query = new URLSearchParams();
+  if (q.text) query.set("filter", q.text);
+  if (q.offset) query.set("offset", String(q.offset));
+  if (q.limit !== 50) query.set("limit", String(q.limit));
+  const hash = "#/fleet" + (query.toString() ? "?" + query : "");
+  if (hash !== location.hash) { history.replaceState(null, "", hash); render(); }
+}
+
+// The filter box's text as the devices API's parameters.
+function filterParams(text) {
+  const params = new URLSearchParams();
+  const words = [];
+  for (const token of text.trim().split(/\s+/).filter(Boolean)) {
+    const colon = /^(model|version|status):(.*)$/.exec(token);
+    if (colon) params.set(colon[1], colon[2]);
+    else if (/^[^=]+=[^=]+$/.test(token)) params.append("label", token);
+    else words.push(token);
+  }
+  if (words.length) params.set("q", words.join(" "));
+  return params;
+}
+
+function filterBox() {
+  if (fleetFilter) return fleetFilter;
+  const input = el("input", { id: "filter", type: "search", autocomplete: "off",
+    placeholder: "filter: site=factory-a status:online …", "aria-describedby": "filter-help" });
+  const size = el("select", { id: "page-size", "aria-label": "devices per page" },
+    ...PAGE_SIZES.map((n) => el("option", { value: n, text: `${n} a page` })));
+  let pending = null;
+  input.addEventListener("input", () => {
+    clearTimeout(pending);
+    pending = setTimeout(() => setFleetQuery({ ...fleetQuery(), text: input.value, offset: 0 }),
+      250);
+  });
+  size.addEventListener("change", () => setFleetQuery({ ...fleetQuery(), limit: Number(size.value),
+    offset: 0 }));
+  fleetFilter = el("div", { class: "filter", id: "fleet-filter" }, input, size,
+    el("div", { class: "muted", id: "filter-help", text: FILTER_HELP }));
+  return fleetFilter;
+}
+
 async function fleetPage() {
-  const [overview, devices] = await Promise.all([
-    api("/console/api/overview"), api("/console/api/devices"),
-  ]);
+  const q = fleetQuery();
+  const params = filterParams(q.text);
+  params.set("offset", String(q.offset));
+  params.set("limit", String(q.limit));
+  const box = filterBox();
+  const input = box.querySelector("#filter");
+  if (document.activeElement !== input && input.value !== q.text) input.value = q.text;
+  box.querySelector("#page-size").value = String(q.limit);
+  const overview = await api("/console/api/overview");
+  let devices, problem = null;
+  try {
+    devices = await api("/console/api/devices?" + params);
+  } catch (e) {
+    if (e.status !== 400) throw e;
+    devices = { devices: [], total: 0, fleet: overview.devices, offset: 0, limit: q.limit };
+    problem = e.message; // the filter box's text, refused: say why, under the box
+  }
   const cards = el("div", { class: "cards" },
     card(overview.devices, "devices"), card(overview.online, "online"),
     card(Object.keys(overview.sites).length, "sites"),
     card(overview.rollouts.filter((r) => ACTIVE.includes(r.state)).length, "active rollouts"));
   const sites = table(["site", "devices", "online", "models and versions"],
     Object.entries(overview.sites).map(([site, s]) => [site, s.devices, s.online,
-      Object.entries(s.versions).map(([v, n]) => `${v}: ${n}`).join("  ")]), "sites");
-  const shown = devices.devices.slice(0, 300);
-  const rows = shown.map((d) => {
+      wrap(Object.entries(s.versions).map(([v, n]) => `${v}: ${n}`).join(" · "))]), "sites");
+  const rows = devices.devices.map((d) => {
     const t = d.telemetry || {};
-    return [d.device, labels(d.labels) + (d.labels_differ ? " (claims differ)" : ""),
-      Object.entries(d.models).map(([m, v]) => `${m}@${v}`).join(" "),
+    return [d.device, wrap(labels(d.labels) + (d.labels_differ ? " (claims differ)" : "")),
+      wrap(Object.entries(d.models).map(([m, v]) => `${m}@${v}`).join(" ")),
       d.online ? "yes" : "no", ago(d.last_seen),
       t.requests ? pct(t.offloads / t.requests) : "—",
       t.agreement_samples ? pct(t.agreed / t.agreement_samples) : "—",
       t.requests ? pct(t.errors / t.requests, 2) : "—"];
   });
+  const first = devices.total ? devices.offset + 1 : 0;
+  const last = devices.offset + devices.devices.length;
+  const n = (x) => x.toLocaleString("en");
+  const summary = devices.total
+    ? `${n(first)}–${n(last)} of ${n(devices.total)}` +
+      (devices.total < devices.fleet ? ` matching (fleet: ${n(devices.fleet)})` : "")
+    : (q.text ? `none of ${n(devices.fleet)} match` : "none yet");
+  const pager = el("div", { class: "pager" },
+    el("button", { type: "button", id: "page-prev", disabled: devices.offset <= 0,
+      onclick: () => setFleetQuery({ ...q, offset: Math.max(0, devices.offset - q.limit) }) },
+    "← previous"),
+    el("span", { id: "page-summary", text: `Devices ${summary}` }),
+    el("button", { type: "button", id: "page-next", disabled: last >= devices.total,
+      onclick: () => setFleetQuery({ ...q, offset: devices.offset + q.limit }) }, "next →"));
   return [el("h2", { text: "Fleet" }), cards, el("h3", { text: "By site" }), sites,
-    el("h3", { text: `Devices (${devices.devices.length}${shown.length < devices.devices.length
-      ? ", first 300 shown" : ""})` }),
+    el("h3", { text: "Devices" }), box,
+    problem ? el("p", { class: "error", id: "filter-error", text: problem }) : null, pager,
     table(["device", "labels (operator's)", "models", "online", "last seen", "offloads",
-      "agreement", "errors"], rows, "devices")];
+      "agreement", "errors"], rows, "devices", "fit")].filter(Boolean);
 }
 
 const ACTIVE = ["pending", "running", "paused", "halted", "rolling_back"];
-const card = (n, label) => el("div", { class: "card" }, el("div", { class: "n", text: n }),
+const card = (n, label) => el("div", { class: "card" }, el("div", { class: "n",
+  text: typeof n === "number" ? n.toLocaleString("en") : n }),
   el("div", { class: "l", text: label }));
 const labels = (m) => Object.entries(m || {}).sort().map(([k, v]) => `${k}=${v}`).join(",") || "—";
 
@@ -160,10 +256,10 @@ async function rolloutsPage() {
     el("a", { href: `#/rollouts/${r.id}`, text: r.id }), r.model,
     `${r.previous_version} → ${r.version}`, pill(r.state),
     r.wave >= 0 ? `${r.wave + 1} / ${r.waves_total}` : "—",
-    `${r.counts.installed} / ${r.counts.total}`, (r.waiting || []).join("; ") || r.reason || ""]);
+    `${r.counts.installed} / ${r.counts.total}`, wrap((r.waiting || []).join("; ") || r.reason || "")]);
   return [el("h2", { text: "Rollouts" }),
     rows.length ? table(["id", "model", "versions", "state", "wave", "installed", "now"], rows,
-      "rollouts") : el("p", { class: "muted", text: "No rollouts yet." })];
+      "rollouts", "fit") : el("p", { class: "muted", text: "No rollouts yet." })];
 }
 
 function actions(status) {
@@ -193,7 +289,39 @@ function actions(status) {
       },
     }, verb));
   }
+  bar.append(skipGateButton(status));
   return bar;
+}
+
+// Skip gate (issue 21): the operator's explicit, confirmed and recorded way past a wave's
+// health judgement; resume goes on judging. The reason goes into the rollout's history.
+function skipGateButton(status) {
+  return el("button", {
+    type: "button", id: "action-skip-gate", class: "danger",
+    disabled: !["running", "paused", "halted"].includes(status.state),
+    onclick: async () => {
+      const reason = el("input", { id: "skip-reason", type: "text", maxlength: 500,
+        placeholder: "reason (required; kept in the rollout's history)" });
+      document.getElementById("confirm-text").after(reason);
+      let ok = false;
+      try {
+        ok = await confirmAction(`Skip the health gate of wave ${status.wave + 1} of ${status.id}` +
+          ` (${status.model} ${status.previous_version} → ${status.version})? The wave goes on` +
+          " without its judgement; this is recorded with your reason.");
+      } finally {
+        reason.remove();
+      }
+      if (!ok) return;
+      try {
+        await api(`/console/api/rollouts/${status.id}/skip-gate`, { method: "POST",
+          headers: { "Content-Type": "application/json" },
+          body: JSON.stringify({ confirm: true, reason: reason.value.trim() }) });
+      } catch (e) {
+        alertLine(e.message);
+      }
+      render();
+    },
+  }, "skip gate");
 }
 
 function alertLine(text) {
@@ -201,16 +329,36 @@ function alertLine(text) {
   document.getElementById("main").prepend(line);
 }
 
-function chart(metric, history, margin, scale) {
+// What a gate's chart plots, in words: the judgement's "worse by" (its delta), which is
+// new − control for a rate where higher is worse (errors), control − new where lower is
+// worse (agreement), in percentage points; new ÷ control for latency (a ratio).
+function plotted(j) {
+  if (j.scale === "ratio") {
+    return { axis: "new ÷ control (ratio)", what: `${j.metric}: new ÷ control, 1 = the same`,
+      unit: (v) => "×" + v.toFixed(2) };
+  }
+  const diff = j.higher_is_worse ? "new − control" : "control − new";
+  return { axis: "percentage points", what: `${j.metric}: ${diff}, in percentage points ` +
+    "(above 0: the new version is worse)",
+    unit: (v) => (v > 0 ? "+" : v < 0 ? "−" : "") + Math.abs(v).toFixed(1) + " pts" };
+}
+
+function chart(j, history) {
+  const metric = j.metric, margin = j.margin, scale = j.scale, how = plotted(j);
   const points = history.filter((h) => h.metrics && h.metrics[metric] &&
     typeof h.metrics[metric][0] === "number");
-  const width = 420, height = 170, left = 46, right = 10, top = 10, bottom = 24;
+  const width = 460, height = 190, left = 70, right = 12, top = 22, bottom = 30;
   const box = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, class: "plot",
-    "data-metric": metric });
-  if (!points.length) {
-    const t = svg("text", { x: left, y: height / 2 });
-    t.textContent = "no evidence yet";
+    "data-metric": metric, role: "img", "aria-label": how.what });
+  const text = (x, y, words, anchor) => {
+    const t = svg("text", { x, y, "text-anchor": anchor || "start" });
+    t.textContent = words;
     box.append(t);
+    return t;
+  };
+  text(4, 12, how.axis).setAttribute("class", "axis");
+  if (!points.length) {
+    text(left, height / 2, "no evidence yet");
     return box;
   }
   const k = scale === "ratio" ? 1 : 100;
@@ -237,16 +385,50 @@ function chart(metric, history, margin, scale) {
     box.append(svg("circle", { cx: x(p.at), cy: y(p.metrics[metric][0] * k), r: 4, fill: colour,
       class: "look" }));
   }
-  for (const [v, label] of [[lo + pad, (lo + pad).toFixed(1)], [hi - pad, (hi - pad).toFixed(1)]]) {
-    const t = svg("text", { x: 4, y: y(v) + 4 });
-    t.textContent = label;
-    box.append(t);
+  // value labels: the axis's ends, no difference, the margin (each in its unit)
+  const used = [];
+  for (const v of [base, margin * k, hi - pad, lo + pad]) {
+    if (used.some((u) => Math.abs(y(u) - y(v)) < 11)) continue;
+    used.push(v);
+    text(left - 6, y(v) + 4, how.unit(v), "end").setAttribute("class", "tick");
   }
-  const caption = svg("text", { x: left, y: height - 6 });
-  caption.textContent = `${((t1 - t0)).toFixed(0)} s · band: interval · dashed: margin · dots: looks`;
-  box.append(caption);
+  text(left, height - 16, "0 s");
+  text(width - right, height - 16, `${(t1 - t0).toFixed(0)} s`, "end");
+  text((left + width - right) / 2, height - 4, "seconds since the first point shown", "middle");
   return box;
 }
+
+function chartLegend(j) {
+  const conf = `${(j.confidence * 100).toFixed(2)}%`;
+  return el("div", { class: "legend", text: `${plotted(j).what}. Line: the estimate; band: its ` +
+    `${conf} interval; grey: no difference; dashed red: the margin ` +
+    `(${j.scale === "ratio" ? num(j.margin) : pts(j.margin) + " pts"}); dots: looks.` });
+}
+
+// Both cohorts, counted once on the server (gates.cohorts): the header says how many
+// devices each holds and how many counted; the table's "devices counted" reads the same.
+function cohortText(c, name) {
+  if (!c) return `${name}: —`;
+  const counted = !c.counted ? "none judged yet"
+    : c.counted[0] === c.counted[1] ? `${c.counted[1]} counted`
+      : `${c.counted[0]}–${c.counted[1]} counted, by gate`;
+  const why = [];
+  if (c.excluded.length) {
+    why.push(`${c.excluded.length} excluded as ${c.excluded.length > 1 ? "outliers" : "an outlier"}` +
+      `: ${c.excluded.join(", ")}`);
+  }
+  if (c.flagged.length) why.push(`${c.flagged.length} flagged: ${c.flagged.join(", ")}`);
+  const silent = c.counted ? c.devices - c.counted[1] - c.excluded.length - c.flagged.length : 0;
+  if (silent > 0) why.push(`${silent} with nothing counted yet`);
+  return `${name} ${c.devices} device${c.devices === 1 ? "" : "s"}, ${counted}` +
+    (why.length ? ` (${why.join("; ")})` : "");
+}
+
+const cohortLine = (cs) => (cs ? cohortText(cs.new, "new version:") + "; " +
+  cohortText(cs.control, "control, kept on the previous version:") : "");
+
+const counted = (j, cs) => (cs ? `${j.new.devices} of ${cs.new.devices} / ` +
+  `${j.control.devices} of ${cs.control.devices}` : `${j.new.devices} / ${j.control.devices}`);
 
 async function rolloutPage(id) {
   const s = await api(`/console/api/rollouts/${encodeURIComponent(id)}`);
@@ -261,9 +443,9 @@ async function rolloutPage(id) {
       ? (ratio ? `${side.estimate.toFixed(1)} ms` : pct(side.estimate, 2)) : "—");
     return [j.metric, pill(j.verdict), est(j.new), est(j.control), f(j.delta),
       `[${f(j.lower)}, ${f(j.upper)}]`, (ratio ? "≤ " + num(j.margin) : "≤ " + pts(j.margin)),
-      `${(j.confidence * 100).toFixed(2)}%`, `${j.new.devices} / ${j.control.devices}`,
+      `${(j.confidence * 100).toFixed(2)}%`, wrap(counted(j, g.cohorts), true),
       `${Math.round(j.new.samples)} / ${Math.round(j.control.samples)}`,
-      [...j.new.excluded, ...j.control.excluded].join(" ") || "—", j.why];
+      wrap([...j.new.excluded, ...j.control.excluded].join(" ") || "—", true), wrap(j.why)];
   });
   const parts = [
     el("h2", { text: `Rollout ${s.id}` }),
@@ -280,20 +462,21 @@ async function rolloutPage(id) {
   }
   if (g.state && g.state !== "off") {
     parts.push(el("h3", { text: `Health gates: ${g.state}` }),
-      el("p", { class: "muted", text: `look ${g.looks.done} of ${g.looks.total}; ` +
-        `${g.new_devices} devices on the new version against ${g.control_devices} control ` +
-        "devices kept on the previous one; change = new − control (points, or a ratio)" }));
+      el("p", { class: "muted", id: "cohorts", text: `look ${g.looks.done} of ${g.looks.total}; ` +
+        cohortLine(g.cohorts) + ". Worse by: how much worse the new version does than the " +
+        "control, in percentage points (a ratio for latency)" }));
     if (judgements.length) {
       parts.push(table(["gate", "verdict", "new", "control", "worse by", "interval", "allowed",
-        "confidence", "devices n/c", "samples n/c", "outliers", "why"], judgements, "judgements"));
+        "confidence", "devices counted n/c", "samples n/c", "outliers", "why"], judgements,
+        "judgements", "fit"));
       parts.push(el("div", { class: "charts" }, ...(g.judgements || []).map((j) =>
-        el("div", { class: "chart" }, el("div", { class: "title", text: `${j.metric} over time` }),
-          chart(j.metric, g.history || [], j.margin, j.scale)))));
+        el("div", { class: "chart" }, el("div", { class: "title", text: `${j.metric}: how much ` +
+          "worse the new version is, over time" }), chart(j, g.history || []), chartLegend(j)))));
     }
     const flagged = Object.entries(g.flagged || {});
     if (flagged.length) {
       parts.push(el("h3", { text: "Telemetry not counted" }),
-        table(["device", "why"], flagged, "flagged"));
+        table(["device", "why"], flagged.map(([d, why]) => [d, wrap(why)]), "flagged", "fit"));
     }
   }
   return parts;
@@ -310,14 +493,14 @@ async function modelsPage(name) {
     const b = v.manifest.blob || {};
     const q = v.manifest.quantization || {};
     return [v.version, v.published_at, b.raw_size, b.size, b.compression || "—",
-      (v.manifest.deltas || []).map((d) => `from ${d.from_version ?? d.base_version ?? "?"}: ` +
-        `${d.size ?? "?"} B`).join("; ") || "—",
-      Object.entries(q).map(([k, x]) => `${k}=${typeof x === "number" ? num(x, 4) : x}`)
-        .join(" ") || "—", v.blob_digest.slice(0, 19) + "…"];
+      wrap((v.manifest.deltas || []).map((d) => `from ${d.from_version ?? d.base_version ?? "?"}: ` +
+        `${d.size ?? "?"} B`).join("; ") || "—"),
+      wrap(Object.entries(q).map(([k, x]) => `${k}=${figure(x)}`).join(" ") || "—"),
+      v.blob_digest.slice(0, 19) + "…"];
   });
   return [el("h2", { text: `Model ${m.name}` }),
     table(["version", "published", "raw bytes", "served bytes", "compression", "deltas",
-      "quantization report", "blob"], rows, "versions")];
+      "quantization report", "blob"], rows, "versions", "fit")];
 }
 
 // -- routing ---------------------------------------------------------------------------
@@ -325,7 +508,7 @@ async function modelsPage(name) {
 async function render() {
   if (!who) return;
   const mine = ++generation;
-  const [, page, arg] = (location.hash || "#/fleet").split("/");
+  const [, page, arg] = (location.hash || "#/fleet").split("?")[0].split("/");
   for (const a of document.querySelectorAll("header nav a")) {
     a.classList.toggle("active", a.id === `nav-${page}`);
   }
@@ -341,7 +524,21 @@ async function render() {
   }
   if (mine !== generation) return; // a newer render started meanwhile
   const main = document.getElementById("main");
-  if (document.getElementById("confirm").hidden) main.replaceChildren(...parts);
+  if (document.getElementById("confirm").hidden) place(main, parts);
+}
+
+// Put ``parts`` in ``main``, leaving in place a node that is there already (the fleet's
+// filter box: replacing it would take the focus and the caret from someone typing).
+function place(main, parts) {
+  if (!parts.some((p) => p.parentNode === main)) { main.replaceChildren(...parts); return; }
+  for (const child of [...main.childNodes]) if (!parts.includes(child)) child.remove();
+  let before = null;
+  for (const p of parts) {
+    if (p.parentNode !== main || p.previousSibling !== before) {
+      if (before) before.after(p); else main.prepend(p);
+    }
+    before = p;
+  }
 }
 
 function poll() {

@@ -14,7 +14,7 @@ into the session. Without ``on_event`` the link only publishes (it
 subscribes to nothing).
 
 Assignments go out retained at QoS 1 on the same connection
-(``publish_retained``; ``model_cdn.AssignmentPublisher`` is the one caller).
+(``publish_retained``; ``model_cdn.AssignmentSender`` is the one caller).
 The session keeps QoS 1 messages the broker has not acknowledged and sends
 them again after a reconnect, so an assignment published while the broker
 is away is delivered when it is back; ``stats.unacked`` counts what the

@@ -31,10 +31,11 @@ One module per group of routes: ``_models`` (models, versions, manifests),
 ``_rollouts`` (rollouts and the fleet), ``_health`` (health and metrics);
 ``_auth`` (who may do what, as route dependencies), ``_bodies`` (bounded
 request bodies), ``_app`` (the factory). The writes call the library's
-operations (``model_cdn._operations``), the same code the CLI runs.
+operations (``model_cdn._versions``), the same code the CLI runs.
 Importing this package imports FastAPI, which ``import model_cdn`` does not.
 """
 
 from ._app import create_app
+from ._blobs import BLOB_FILE_CHUNK_BYTES
 
-__all__ = ["create_app"]
+__all__ = ["BLOB_FILE_CHUNK_BYTES", "create_app"]

@@ -1,6 +1,6 @@
 """The app factory: one FastAPI app over a registry, a blob store and the optional parts.
 
-``create_app`` checks its tokens, picks the one ``AssignmentPublisher``
+``create_app`` checks its tokens, picks the one ``AssignmentSender``
 (given; else the rollout controller's; else, with ``mqtt``, a link of the
 app's own that connects at the first assignment and closes with the app's
 lifespan; else none: assignments are stored only), installs the JSON error
@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from shared import MAX_BLOB_BYTES, ApiKeyGuard, MqttSettings, PublicKey, Topics
+from shared import MAX_BLOB_BYTES, MqttSettings, PublicKey, Topics
+from shared.server import ApiKeyGuard
+from shared.server.store import BlobStore
 
+from .._assignment_sender import AssignmentSender
 from .._errors import CdnError
-from .._publisher import AssignmentPublisher
 from .._upload_trust import UploadTrust
 from ..registry import Registry
-from ..store import BlobStore
 from ._assignments import add_assignment_routes
 from ._auth import CdnAuth, Guards
 from ._blobs import add_blob_routes
@@ -52,7 +53,7 @@ def create_app(
     max_blob_bytes: int = MAX_BLOB_BYTES,
     api_keys: ApiKeyGuard | None = None,
     controller: RolloutController | None = None,
-    publisher: AssignmentPublisher | None = None,
+    sender: AssignmentSender | None = None,
     trust_dir: Path | None = None,
 ) -> FastAPI:
     """The CDN app over ``registry`` and ``store``.
@@ -65,19 +66,19 @@ def create_app(
     makes them need its publisher and assigner roles instead
     (``_upload_trust``; devices check again). ``controller`` set turns on the rollout API;
     the caller starts and stops it. An assignment PUT is published, retained,
-    through ``publisher``, else the controller's publisher, else (``mqtt``
-    set) a publisher of the app's own on the broker at ``mqtt``. ``trust_dir``
+    through ``sender``, else the controller's sender, else (``mqtt``
+    set) a sender of the app's own on the broker at ``mqtt``. ``trust_dir``
     (what ``tandem keys root`` writes) is served at ``/v1/roots/…`` for devices
     to rotate their root of trust.
     """
     for what, token in (("admin", admin_token), ("read", read_token)):
         if token is not None and (not token or not token.isprintable() or " " in token):
             raise CdnError(f"the {what} token must be non-empty printable text without spaces")
-    own: AssignmentPublisher | None = None
-    if publisher is None and controller is not None:
-        publisher = controller.publisher
-    if publisher is None and mqtt is not None:
-        publisher = own = AssignmentPublisher.connect(mqtt, topics, lazy=True)
+    own: AssignmentSender | None = None
+    if sender is None and controller is not None:
+        sender = controller.sender
+    if sender is None and mqtt is not None:
+        sender = own = AssignmentSender.connect(mqtt, topics, lazy=True)
     app = FastAPI(
         title="Tandem model CDN",
         docs_url=None,
@@ -87,7 +88,7 @@ def create_app(
     )
     metrics = new_metrics(controller)
     app.state.registry, app.state.store = registry, store
-    app.state.metrics, app.state.publisher = metrics, publisher
+    app.state.metrics, app.state.sender = metrics, sender
     install_error_handlers(app)
     auth = CdnAuth(admin_token=admin_token, read_token=read_token, api_keys=api_keys)
     guards = Guards.of(auth)
@@ -95,7 +96,7 @@ def create_app(
     add_health_routes(app, metrics)
     add_model_routes(app, registry, store, metrics, trust, guards)
     add_blob_routes(app, store, metrics, max_blob_bytes, guards)
-    add_assignment_routes(app, registry, publisher, trust, guards)
+    add_assignment_routes(app, registry, sender, trust, guards)
     add_rollout_routes(app, controller, registry, guards)
     add_console_routes(app, auth, controller, registry)
     add_root_routes(app, trust_dir, guards)
@@ -103,9 +104,9 @@ def create_app(
 
 
 def _closing(
-    own: AssignmentPublisher | None,
+    own: AssignmentSender | None,
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
-    """A lifespan that closes the app's own publisher (its MQTT link) on shutdown."""
+    """A lifespan that closes the app's own assignment sender (its MQTT link) on shutdown."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -7,7 +7,7 @@
                       published}
 
 A PUT goes through ``model_cdn.assign_version`` and the app's one
-``AssignmentPublisher`` (the rollout controller's when there is one): stored,
+``AssignmentSender`` (the rollout controller's when there is one): stored,
 then published retained over MQTT, waiting for the broker's PUBACK (502 and
 "assignment stored, but not published" when it does not come). Without a
 broker it is stored only (``published: false``); devices poll.
@@ -23,9 +23,9 @@ from starlette.concurrency import run_in_threadpool
 
 from shared import CdnPaths
 
-from .._operations import assign_version
-from .._publisher import AssignmentPublisher
+from .._assignment_sender import AssignmentSender
 from .._upload_trust import UploadTrust
+from .._versions import assign_version
 from ..registry import Registry
 from ..registry._rows import check_name
 from ._auth import Guards
@@ -40,10 +40,10 @@ class _AssignmentRoutes:
     def __init__(
         self,
         registry: Registry,
-        publisher: AssignmentPublisher | None,
+        sender: AssignmentSender | None,
         trust: UploadTrust,
     ) -> None:
-        self.registry, self.publisher, self.trust = registry, publisher, trust
+        self.registry, self.sender, self.trust = registry, sender, trust
 
     def get_assignment(self, device: str, model: str) -> Response:
         doc = self.registry.get_assignment(
@@ -59,7 +59,7 @@ class _AssignmentRoutes:
         def assign() -> dict[str, Any]:
             result = assign_version(
                 self.registry,
-                self.publisher,
+                self.sender,
                 device,
                 model,
                 doc,
@@ -74,11 +74,11 @@ class _AssignmentRoutes:
 def add_assignment_routes(
     app: FastAPI,
     registry: Registry,
-    publisher: AssignmentPublisher | None,
+    sender: AssignmentSender | None,
     trust: UploadTrust,
     guards: Guards,
 ) -> None:
-    routes = _AssignmentRoutes(registry, publisher, trust)
+    routes = _AssignmentRoutes(registry, sender, trust)
     router = app.router
     path = CdnPaths.ROUTES["assignment"]
     router.add_api_route(path, routes.get_assignment, methods=["GET"], dependencies=guards.read)

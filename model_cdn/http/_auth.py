@@ -28,13 +28,8 @@ from typing import Any
 
 from fastapi import Depends, Request
 
-from shared import (
-    ApiKeyGuard,
-    InvalidApiKeyError,
-    RateLimitedError,
-    ScopeError,
-    looks_like_api_key,
-)
+from shared import InvalidApiKeyError, RateLimitedError, ScopeError
+from shared.server import ApiKeyGuard, looks_like_api_key
 
 from .._errors import AuthDenied
 

@@ -29,9 +29,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from shared import CdnPaths
+from shared.server.store import BlobStore, check_digest
 
 from .._errors import BlobNotFoundError, StoreError
-from ..store import BlobStore, check_digest
 from ._auth import Guards
 from ._bodies import read_body
 from ._errors import HttpError

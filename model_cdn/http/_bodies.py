@@ -18,12 +18,8 @@ from typing import Any
 
 from fastapi import Request
 
-from shared import (
-    BINARY_MEDIA_TYPE,
-    JSON_MEDIA_TYPE,
-    MAX_DOCUMENT_BYTES,
-    body_media_type,
-)
+from shared import MAX_DOCUMENT_BYTES
+from shared.server import BINARY_MEDIA_TYPE, JSON_MEDIA_TYPE, body_media_type
 
 from ._errors import HttpError
 

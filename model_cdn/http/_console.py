@@ -5,10 +5,12 @@
     GET  /console/                        the page (static: HTML, CSS, one script; no data)
     GET  /console/api/whoami              what the caller's key may do: {"read", "act"}
     GET  /console/api/overview            the fleet by site, model and version; rollouts; models
-    GET  /console/api/devices             every device (?label=k=v&model=m)
-    GET  /console/api/rollouts/{id}       one rollout's status, gate judgements and their history
+    GET  /console/api/devices             one page of devices, filtered (``_console_devices``)
+    GET  /console/api/rollouts/{id}       one rollout's status, gate judgements and their history,
+                                          each cohort counted once (``_console_gates``)
     GET  /console/api/models/{name}       every version's manifest: sizes, deltas, quantization
-    POST /console/api/rollouts/{id}/{command}   pause | resume | abort | rollback
+    POST /console/api/rollouts/{id}/{command}   pause | resume | abort | rollback | skip-gate
+                                          (skip-gate: {"confirm": true, "reason": "…"})
 
 Access is the API's (``_auth``): the page is open (it holds nothing), every
 read needs the read token, the admin token, or a key with ``models:read``
@@ -27,18 +29,21 @@ from collections import Counter
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from shared import CdnPaths
 
 from .._errors import AuthDenied
-from ..fleet._view import DEFAULT_ONLINE_S, FleetView, device_view, label_filter
+from ..fleet._view import DEFAULT_ONLINE_S, FleetView
 from ..registry import Registry
 from ..registry._rows import check_name
 from ._auth import CdnAuth
+from ._console_devices import DeviceQuery, device_page
+from ._console_gates import with_cohorts
 from ._errors import HttpError
+from ._rollouts import command_args
 
 if TYPE_CHECKING:
     from ..rollout._controller import RolloutController
@@ -50,7 +55,7 @@ CONSOLE_ASSETS = {
     "console.js": "text/javascript; charset=utf-8",
     "console.css": "text/css; charset=utf-8",
 }
-_COMMANDS = ("pause", "resume", "abort", "rollback")
+_COMMANDS = ("pause", "resume", "abort", "rollback", "skip-gate")
 _SECURITY = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; object-src 'none'; "
     "frame-ancestors 'none'; base-uri 'none'",
@@ -147,27 +152,20 @@ class _Console:
             "rollouts_enabled": self.controller is not None,
         }
 
-    def devices(
-        self,
-        request: Request,
-        label: list[str] = Query(default=[]),  # noqa: B008 - FastAPI's declaration style
-        model: str | None = None,
-    ) -> dict[str, Any]:
+    def devices(self, request: Request) -> dict[str, Any]:
         self.read(request)
         try:
-            labels = label_filter(label)
+            query = DeviceQuery.parse(request.query_params.multi_items())
         except ValueError as e:
             raise HttpError(400, str(e)) from e
-        if model is not None:
-            check_name(model, "model name")
-        now = time.time()
-        return {"devices": [device_view(r, now) for r in self._fleet().select(labels, model)]}
+        fleet = self._fleet()
+        return device_page(fleet.devices.values(), query, time.time(), len(fleet))
 
     def rollout(self, request: Request, rollout_id: str) -> dict[str, Any]:
         self.read(request)
         if self.controller is None:
             raise HttpError(503, "rollouts are off on this server")
-        return self.controller.get(rollout_id)
+        return with_cohorts(self.controller.get(rollout_id))
 
     def model(self, request: Request, name: str) -> dict[str, Any]:
         self.read(request)
@@ -195,7 +193,8 @@ class _Console:
             raise HttpError(503, "rollouts are off on this server")
         if command not in _COMMANDS:
             raise HttpError(404, f"no rollout command {command!r:.40}")
-        return await run_in_threadpool(self.controller.command, rollout_id, command)
+        args = await command_args(request, command)  # who; skip-gate's confirmed reason
+        return await run_in_threadpool(self.controller.command, rollout_id, command, args)
 
 
 _SUMMARY = (

@@ -4,7 +4,7 @@ Statuses: 400 bad input, 401 no or malformed credentials or an unknown or
 revoked API key, 403 wrong token or a key without the scope, 404 unknown,
 405 a method the path does not take, 409 version not above the latest or a
 rollout state or conflict, 413 too large, 415 a body's Content-Type the
-route does not take (text, form, multipart: see ``shared._http_guards``),
+route does not take (text, form, multipart: see ``shared.server._http_guards``),
 416 a range that starts past the end of the blob, 429 a key over its
 rate (with ``Retry-After``), 502 MQTT publish failed, 503 storage, registry
 or rollouts off.

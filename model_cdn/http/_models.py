@@ -10,7 +10,7 @@
     DELETE version             [models:publish]
 
 (route names are keys of ``shared.CdnPaths.ROUTES``). Publishing and
-withdrawing go through ``model_cdn._operations``, the same code as the CLI's.
+withdrawing go through ``model_cdn._versions``, the same code as the CLI's.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from shared import CdnPaths
+from shared.server.store import BlobStore
 
-from .._operations import add_version, delete_version
 from .._upload_trust import UploadTrust
+from .._versions import add_version, delete_version
 from ..registry import Registry
 from ..registry._rows import check_name, dump_document
-from ..store import BlobStore
 from ._auth import Guards
 from ._bodies import parse_version, read_json
 

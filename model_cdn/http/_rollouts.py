@@ -2,10 +2,15 @@
 
 ::
 
-    POST rollouts                  start one (body: model, version, waves, gates…) -> 201
+    POST rollouts                  start one (body: model, version, waves, gates…) -> 201,
+                                   with "plan" (what each wave can decide); "dry_run": true
+                                   answers the plan only (200); a plan with a wave that cannot
+                                   decide before the max soak is 400 unless
+                                   "accept_inconclusive": true
     GET  rollouts                  every rollout, newest first
     GET  rollout                   one rollout's status
-    POST rollout_command           pause | resume | abort | rollback
+    POST rollout_command           pause | resume | abort | rollback | skip-gate
+                                   (skip-gate body: {"confirm": true, "reason": "…"}, else 400)
     GET  devices                   ?label=k=v&model=m&version=n
     GET  device                    one device
     POST fleet_labels              the operator's labels: {"devices": {id: {k: v}}}
@@ -14,7 +19,9 @@
 admin token or an API key with ``rollout:admin``. The rollout routes answer
 503 when the server runs without a controller (no ``--broker`` or no
 ``--sign-key``); the device routes then read the fleet as last written to
-the registry.
+the registry. Every command and start is recorded in the rollout's
+``history`` with who asked: ``key <id>`` for an API key, ``admin token``
+otherwise.
 """
 
 from __future__ import annotations
@@ -23,9 +30,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Query, Request
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from shared import CdnPaths
+from shared import CdnPaths, InvalidApiKeyError
+from shared.server import looks_like_api_key, parse_api_key
 
 from ..fleet._view import FleetView, device_view, label_filter, label_map
 from ..registry import Registry
@@ -37,13 +46,44 @@ from ._errors import HttpError
 if TYPE_CHECKING:
     from ..rollout._controller import RolloutController
 
-__all__ = ["add_rollout_routes"]
+__all__ = ["add_rollout_routes", "caller", "command_args"]
 
 ROUTES = CdnPaths.ROUTES
-_COMMANDS = ("pause", "resume", "abort", "rollback")
+_COMMANDS = ("pause", "resume", "abort", "rollback", "skip-gate")
+_MAX_REASON = 500
 _NO_CONTROLLER = (
     "rollouts are off on this server: start 'tandem cdn serve' with --broker and --sign-key"
 )
+
+
+def caller(request: Request) -> str:
+    """Who sent an (already authorized) admin request, for a rollout's history."""
+    _, _, token = (request.headers.get("authorization") or "").partition(" ")
+    token = token.strip()
+    if looks_like_api_key(token):
+        try:
+            return f"key {parse_api_key(token)[0]}"
+        except InvalidApiKeyError:  # the guard let it in, so it parses; never a crash here
+            return "API key"
+    return "admin token"
+
+
+async def command_args(request: Request, command: str) -> dict[str, Any]:
+    """What a command carries: who asked; for skip-gate, the confirmed reason (else 400)."""
+    args: dict[str, Any] = {"by": caller(request)}
+    if command != "skip-gate":
+        return args
+    body = await read_json(request)
+    if body.get("confirm") is not True:
+        raise HttpError(
+            400,
+            "skipping a gate lets the wave go on without its health judgement: "
+            'send {"confirm": true, "reason": "..."} to do it',
+        )
+    reason = body.get("reason")
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > _MAX_REASON:
+        raise HttpError(400, f"'reason' says why the gate is skipped (1-{_MAX_REASON} chars)")
+    return {**args, "reason": reason.strip()}
 
 
 class _RolloutRoutes:
@@ -55,10 +95,13 @@ class _RolloutRoutes:
             raise HttpError(503, _NO_CONTROLLER)
         return self.controller
 
-    async def start_rollout(self, request: Request) -> dict[str, Any]:
+    async def start_rollout(self, request: Request) -> Any:
         c = self._need()
-        body = await read_json(request)
-        return await run_in_threadpool(c.create, body)
+        body = {**await read_json(request), "by": caller(request)}
+        answer = await run_in_threadpool(c.create, body)
+        if answer.get("dry_run"):
+            return JSONResponse(answer, status_code=200)  # nothing was created
+        return answer
 
     def list_rollouts(self) -> dict[str, Any]:
         return {"rollouts": self._need().rollouts()}
@@ -66,11 +109,14 @@ class _RolloutRoutes:
     def get_rollout(self, rollout_id: str) -> dict[str, Any]:
         return self._need().get(rollout_id)
 
-    def rollout_command(self, rollout_id: str, command: str) -> dict[str, Any]:
+    async def rollout_command(
+        self, request: Request, rollout_id: str, command: str
+    ) -> dict[str, Any]:
         c = self._need()
         if command not in _COMMANDS:
             raise HttpError(404, f"no rollout command {command!r:.40}: use {', '.join(_COMMANDS)}")
-        return c.command(rollout_id, command)
+        args = await command_args(request, command)
+        return await run_in_threadpool(c.command, rollout_id, command, args)
 
     def list_devices(
         self,

@@ -1,4 +1,4 @@
-"""Root metadata for devices to walk: ``GET /v1/roots/{version}.root.json`` (``_trust_repo``).
+"""Root metadata for devices to walk: ``GET /v1/roots/{version}.root.json`` (``trust_repo``).
 
 Served from the directory ``tandem keys`` writes (``create_app(trust_dir=…)``),
 read on every request so a rotation needs no restart; 404 for a version not
@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from shared import CdnPaths
 
 from .._errors import HttpError
-from .._trust_repo import TrustRepository
+from ..trust_repo import TrustRepository
 from ._auth import Guards
 from ._bodies import parse_version
 

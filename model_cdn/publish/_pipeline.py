@@ -57,6 +57,7 @@ from shared import (
     numpy_dtype,
     sign_document,
 )
+from shared.server.store import BlobStore
 
 from .._errors import (
     BlobNotFoundError,
@@ -66,7 +67,6 @@ from .._errors import (
     VersionConflictError,
 )
 from ..registry._base import Registry
-from ..store._base import BlobStore
 from ._export import export_torch
 from ._onnx_file import read_onnx_file, require_self_contained
 from ._quantize import METHODS, quantize_model, scheme_of
@@ -336,7 +336,8 @@ def _check_changed(
     if same is not None:
         raise IdenticalModelError(
             f"the model is byte for byte {name}@{same}, already published: "
-            "nothing new to publish (allow_same publishes it anyway)",
+            "nothing new to publish (another quantize mode builds a different version; "
+            "allow_same publishes it anyway)",
             version=same,
         )
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from shared import TensorRecord, numpy_dtype
+from shared import TensorSpec, numpy_dtype
 
 from .._errors import PublishError
 
@@ -58,8 +58,8 @@ class OnnxModel:
     """One model in an ONNX Runtime session on the CPU, with its tensor specs."""
 
     session: Any
-    inputs: tuple[TensorRecord, ...]
-    outputs: tuple[TensorRecord, ...]
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
 
     @classmethod
     def load(cls, model: bytes, what: str, *, optimize: bool = True) -> OnnxModel:
@@ -78,17 +78,17 @@ class OnnxModel:
         return cls(
             session,
             tuple(
-                TensorRecord(t.name, onnx_datatype(t.type), tuple(_dimension(d) for d in t.shape))
+                TensorSpec(t.name, onnx_datatype(t.type), tuple(_dimension(d) for d in t.shape))
                 for t in session.get_inputs()
             ),
             tuple(
-                TensorRecord(t.name, onnx_datatype(t.type), tuple(_dimension(d) for d in t.shape))
+                TensorSpec(t.name, onnx_datatype(t.type), tuple(_dimension(d) for d in t.shape))
                 for t in session.get_outputs()
             ),
         )
 
     @property
-    def input(self) -> TensorRecord:
+    def input(self) -> TensorSpec:
         """The single input the pipeline feeds."""
         if len(self.inputs) != 1:
             names = ", ".join(t.name for t in self.inputs)

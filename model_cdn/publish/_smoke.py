@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from shared import TensorRecord, encode_sample, numpy_dtype
+from shared import TensorSpec, encode_sample, numpy_dtype
 
 __all__ = [
     "MAX_SAMPLE_BYTES",
@@ -62,7 +62,7 @@ def pick_smoke_inputs(
     return None
 
 
-def synthetic_inputs(record: TensorRecord, fixed_batch: int | None) -> np.ndarray | None:
+def synthetic_inputs(record: TensorSpec, fixed_batch: int | None) -> np.ndarray | None:
     """Seeded noise in the input's shape, when the publisher gave no samples at all.
 
     Still a real check on the device (the model loads, runs and computes what

@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared import BlobRef, ManifestError, PublicKey, digest
+from shared.server.store import BlobStore
 
-from .._admin_client import AdminApiError, AdminClient
 from .._errors import BlobNotFoundError, ModelNotFoundError, PublishError, VersionConflictError
+from ..admin_client import AdminApiError, AdminClient
 from ..registry._base import Registry
-from ..store._base import BlobStore
 
 __all__ = ["AdminApiTarget", "LatestVersion", "LocalTarget", "PublishTarget", "Release"]
 
@@ -142,7 +142,7 @@ class LocalTarget(PublishTarget):
         return next((r.version for r in records if r.blob_digest == blob_digest), None)
 
     def add(self, release: Release) -> Published:
-        from .._operations import add_version  # the one code path the admin API takes too
+        from .._versions import add_version  # the one code path the admin API takes too
 
         record = add_version(
             self.registry,

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from shared import TensorRecord, datatype_of
+from shared import TensorSpec, datatype_of
 
 from .._errors import PublishError
 
@@ -48,11 +48,11 @@ class TFLiteModel:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
-    def input_records(self) -> tuple[TensorRecord, ...]:
+    def input_records(self) -> tuple[TensorSpec, ...]:
         return tuple(_record(name, d) for name, d in self.inputs)
 
     @property
-    def output_records(self) -> tuple[TensorRecord, ...]:
+    def output_records(self) -> tuple[TensorSpec, ...]:
         return tuple(_record(name, d) for name, d in self.outputs)
 
     def run(self, inputs: np.ndarray) -> dict[str, np.ndarray]:
@@ -126,7 +126,7 @@ def _named_details(interpreter: Any) -> tuple[list[Any], list[Any]]:
     )
 
 
-def _record(name: str, details: dict[str, Any]) -> TensorRecord:
+def _record(name: str, details: dict[str, Any]) -> TensorSpec:
     signature = details.get("shape_signature", details["shape"])
     shape = tuple(int(s) if s >= 0 else None for s in signature)
-    return TensorRecord(name, datatype_of(np.empty(0, dtype=details["dtype"])), shape)
+    return TensorSpec(name, datatype_of(np.empty(0, dtype=details["dtype"])), shape)

@@ -17,7 +17,8 @@ them.
 - ``postgresql://user@host:5432/db`` (or ``postgres://``): ``PostgresRegistry``,
   for several servers and publishers sharing one database.
 
-psycopg is imported only for a PostgreSQL URL.
+psycopg is imported only for a PostgreSQL URL. ``dump_document`` is the JSON text a
+document is stored (and served) as, for those who measure it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path as _Path
 
 from .._errors import RegistryError as _RegistryError
 from ._base import DeviceRecord, Registry, RolloutRecord, VersionRecord
+from ._rows import dump_document
 from ._sqlite import SqliteRegistry
 
 if _typing.TYPE_CHECKING:
@@ -39,6 +41,7 @@ __all__ = [
     "RolloutRecord",
     "SqliteRegistry",
     "VersionRecord",
+    "dump_document",
     "open_registry",
 ]
 

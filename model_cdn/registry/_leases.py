@@ -1,6 +1,6 @@
 """The rollout leader's lease and the rollout commands queued for it: records and rows.
 
-No I/O here; the backends (``_sqlite``, ``_postgres``) run the SQL.
+No I/O here; ``_sql`` holds the statements, for SQLite and PostgreSQL alike.
 
 Tables::
 
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 COMMAND_COLUMNS = "id, verb, rollout_id, body, state, result, created_at, done_at"
-COMMAND_VERBS = frozenset({"create", "pause", "resume", "abort", "rollback"})
+COMMAND_VERBS = frozenset({"create", "pause", "resume", "abort", "rollback", "skip-gate"})
 _COMMAND_ID = re.compile(r"rc-[0-9a-f]{16}")
 _LEASE_NAME = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 _HOLDER = re.compile(r"[A-Za-z0-9_.:@-]{1,128}")

@@ -1,8 +1,8 @@
 """What every SQL registry backend shares: table layout, row <-> record, document checks.
 
-No I/O here. The backends differ only in connection handling, parameter
-style and how they take the per-model lock; what a row holds and how a
-signed document becomes one is decided once, here.
+No I/O here. The statements are written once too (``_sql``); the backends
+differ only in connection handling and a small ``Dialect``. What a row
+holds and how a signed document becomes one is decided once, here.
 
 Tables::
 

@@ -2,7 +2,7 @@
 
 The controller that drives a ``Rollout`` (clock, registry DB, MQTT assignments)
 builds on this package; see ``_machine`` for the states and invariants, and
-``_stats`` for the canary judgement (non-inferiority, device as the unit).
+``_significance`` for the canary judgement (non-inferiority, device as the unit).
 """
 
 from ._machine import (
@@ -15,10 +15,12 @@ from ._machine import (
     RolloutStateError,
     Unassign,
 )
+from ._significance import Judgement, Verdict, t_quantile
 from ._spec import RolloutSpec, Wave, parse_waves, plan_waves
-from ._stats import Judgement, Verdict, t_quantile
+from ._view import TERMINAL_STATES, status_view
 
 __all__ = [
+    "TERMINAL_STATES",
     "Action",
     "Assign",
     "DeviceStatus",
@@ -33,5 +35,6 @@ __all__ = [
     "Wave",
     "parse_waves",
     "plan_waves",
+    "status_view",
     "t_quantile",
 ]

@@ -39,8 +39,16 @@ from .._errors import (
 )
 from ..registry import Registry
 from ..registry._leases import Fence, RolloutCommand
+from ._machine import Action, Rollout
 
-__all__ = ["CommandQueue", "answer_of", "apply_queued", "error_answer", "view_answer"]
+__all__ = [
+    "CommandQueue",
+    "answer_of",
+    "apply_queued",
+    "apply_verb",
+    "error_answer",
+    "view_answer",
+]
 
 # The errors a rollout command may answer with, by name (never arbitrary classes).
 _ANSWERABLE: dict[str, type[CdnError]] = {
@@ -54,6 +62,29 @@ _ANSWERABLE: dict[str, type[CdnError]] = {
         LeaseLostError,
     )
 }
+
+
+def apply_verb(r: Rollout, verb: str, now: float, args: Mapping[str, Any]) -> list[Action]:
+    """Carry out one command on the machine and record it in its history: ``args`` has
+    ``by`` (who asked) and, for ``skip-gate``, ``reason`` (required)."""
+    by, reason = str(args.get("by", "")), str(args.get("reason", ""))
+    if verb == "pause":
+        actions = r.pause()
+    elif verb == "resume":
+        actions = r.resume(now)
+    elif verb == "abort":
+        actions = r.abort()
+    elif verb == "rollback":
+        actions = r.rollback(now)
+    elif verb == "skip-gate":
+        try:
+            return r.skip_gate(now, by=by, reason=reason)  # records itself, with the gate
+        except ValueError as e:
+            raise RolloutRequestError(str(e)) from e
+    else:
+        raise ValueError(f"unknown rollout command {verb!r}")
+    r.note(verb, now, by=by, reason=reason)
+    return actions
 
 
 def view_answer(command: RolloutCommand, view: Mapping[str, Any]) -> RolloutCommand:

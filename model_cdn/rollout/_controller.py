@@ -13,12 +13,18 @@ owns the time-driven part; every change happens under one lock:
   rollout's health judgement, which counts it only for a device of the
   wave's cohorts);
 - every ``tick_s``: ``tick`` (timeouts, health looks, next wave, completion);
-- commands (``create``, ``pause``, ``resume``, ``abort``, ``rollback``) come
-  from the admin API's threads and act at once.
+- commands (``create``, ``pause``, ``resume``, ``abort``, ``rollback``,
+  ``skip-gate``) come from the admin API's threads and act at once; each is
+  recorded in the rollout's ``history`` with who asked (``by``) and why.
 
-The machines' actions are carried out through the ``AssignmentPublisher``
+``create`` first works out what the plan can decide (``_feasibility``) and
+refuses a wave that cannot decide before the max soak unless
+``accept_inconclusive``; ``dry_run`` answers the plan only. The baseline and
+each device's own previous version are what the devices run (``_requests``).
+
+The machines' actions are carried out through the ``AssignmentSender``
 (the one way assignments leave the CDN): ``Assign`` signs an assignment with
-the publisher's key (``rollback`` for the way back); ``Unassign`` (abort)
+the sender's key (``rollback`` for the way back); ``Unassign`` (abort)
 re-assigns the previous version as a rollback, which a device still on it
 ignores. Signed assignments wait in the rollout's outbox (``_outbox``)
 until they are committed to the registry in one transaction with the
@@ -70,21 +76,29 @@ from typing import Any
 
 from shared import DeviceReport, UpdateState, UpdateStatus
 
+from .._assignment_sender import AssignmentSender
 from .._errors import (
     LeaseLostError,
     RolloutConflictError,
     RolloutNotFoundError,
     RolloutRequestError,
 )
-from .._publisher import AssignmentPublisher
 from ..fleet._view import FleetView
 from ..registry import DeviceRecord, Registry
 from ..registry._leases import Fence, RolloutCommand
-from ._commands import CommandQueue, apply_queued
+from ._commands import CommandQueue, apply_queued, apply_verb, view_answer
+from ._feasibility import TrafficRates, describe_plan
 from ._leader import LeaderLease
 from ._machine import Action, Assign, DeviceStatus, Notify, Rollout, RolloutState, Unassign
 from ._outbox import RolloutEntry, RolloutOutbox
-from ._requests import explain_empty, spec_from
+from ._requests import (
+    OPTIONS,
+    explain_empty,
+    plan_for,
+    running_versions,
+    spec_from,
+    undecidable,
+)
 from ._view import status_view
 
 __all__ = ["RolloutConflictError", "RolloutController", "RolloutRequestError"]
@@ -106,7 +120,7 @@ class RolloutController:
     def __init__(
         self,
         registry: Registry,
-        publisher: AssignmentPublisher,
+        sender: AssignmentSender,
         *,
         clock: Callable[[], float] = time.time,
         tick_s: float = 0.5,
@@ -116,18 +130,22 @@ class RolloutController:
         lease: LeaderLease | None = None,
         command_timeout_s: float = 15.0,
     ) -> None:
-        if publisher.key is None:
-            raise ValueError("the rollout controller signs assignments: give the publisher a key")
-        self.registry, self.publisher = registry, publisher
+        if sender.key is None:
+            raise ValueError(
+                "the rollout controller signs assignments: give the assignment sender a key"
+            )
+        self.registry, self.sender = registry, sender
         self.clock, self.tick_s, self.flush_s = clock, tick_s, flush_s
         self.assignment_ttl_days = assignment_ttl_days
         self.lease = lease
         self.commands = CommandQueue(registry, timeout_s=command_timeout_s)
         self.outbox = RolloutOutbox(
-            registry, publisher, lease, clock=clock, assignment_ttl_days=assignment_ttl_days
+            registry, sender, lease, clock=clock, assignment_ttl_days=assignment_ttl_days
         )
         self.fleet = FleetView(registry.list_devices(), trust_claimed_labels=trust_claimed_labels)
         self._entries: dict[str, RolloutEntry] = {}
+        self.rates = TrafficRates()  # per-device traffic, for what a plan can decide
+        self._published: dict[str, set[int]] = {}  # model -> versions, cached per create
         self._lock = threading.RLock()
         self._events: queue.SimpleQueue[DeviceReport | UpdateStatus] = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -191,9 +209,16 @@ class RolloutController:
         return self._create(body)
 
     def _create(self, body: Mapping[str, Any], command: RolloutCommand | None = None) -> Any:
-        spec = spec_from(body, self.registry)
+        if not isinstance(body, Mapping):
+            raise RolloutRequestError("the body is a JSON object")
+        for option in OPTIONS & set(body):
+            if not isinstance(body[option], str if option == "by" else bool):
+                raise RolloutRequestError(
+                    f"'{option}' is " + ("text" if option == "by" else "true or false")
+                )
         with self._lock:
             self._drain()  # every device heard so far is a candidate
+            spec = spec_from(body, self.registry, self.fleet)
             busy = [
                 e.id
                 for e in self._entries.values()
@@ -205,13 +230,29 @@ class RolloutController:
                     "finish, abort or roll it back first"
                 )
             candidates = {r.device: r.labels for r in self.fleet.select(model=spec.model)}
+            published = {v.version for v in self.registry.list_versions(spec.model)}
+            self._published[spec.model] = published
+            versions = running_versions(self.fleet, spec.model, published, spec.version)
             rollout = Rollout(spec)
             now = self.clock()
             try:
-                actions = rollout.start(candidates, now)
+                actions = rollout.start(candidates, now, versions)
             except ValueError as e:
                 raise RolloutRequestError(explain_empty(spec, str(e), self.fleet)) from e
+            planned = plan_for(rollout, self.fleet, self.rates)
+            if body.get("dry_run"):
+                answer = {"dry_run": True, **self._view(RolloutEntry("", rollout, now, now))}
+                answer.update(plan=planned, plan_text=describe_plan(planned))
+                if command is not None:
+                    self.registry.commit_rollout(
+                        None, fence=self._fence, command=view_answer(command, answer)
+                    )
+                return answer
+            if planned["undecidable"] and not body.get("accept_inconclusive"):
+                raise RolloutRequestError(undecidable(planned))
             entry = RolloutEntry(f"ro-{secrets.token_hex(6)}", rollout, now, now, dirty=True)
+            entry.plan = planned
+            rollout.note("start", now, by=str(body.get("by", "")))
             self._entries[entry.id] = entry
             self._carry_out(entry, actions)
             if not self._persist(entry, command):
@@ -224,32 +265,37 @@ class RolloutController:
                 len(rollout.order),
                 len(rollout.wave_ends),
             )
-            return self._view(entry)
+            view = self._view(entry)
+            entry.plan = None
+            return view
 
-    def command(self, rollout_id: str, verb: str) -> dict[str, Any]:
-        """``pause``, ``resume``, ``abort`` or ``rollback`` (``RolloutStateError`` if not now).
+    def command(
+        self, rollout_id: str, verb: str, args: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """``pause``, ``resume``, ``abort``, ``rollback`` or ``skip-gate``
+        (``RolloutStateError`` if not now). ``args``: ``by`` (who asks, for the
+        history) and, for ``skip-gate``, ``reason`` (required).
 
         On a follower the command goes to the leader through the registry.
         """
         if not self.leading:
-            return self.commands.submit(verb, rollout_id=rollout_id)
-        return self._command(rollout_id, verb)
+            return self.commands.submit(verb, rollout_id=rollout_id, body=dict(args or {}))
+        return self._command(rollout_id, verb, args=args)
 
-    def _command(self, rollout_id: str, verb: str, command: RolloutCommand | None = None) -> Any:
+    def _command(
+        self,
+        rollout_id: str,
+        verb: str,
+        command: RolloutCommand | None = None,
+        *,
+        args: Mapping[str, Any] | None = None,
+    ) -> Any:
+        if args is None and command is not None:
+            args = command.body
         with self._lock:
             entry = self._entry(rollout_id)
             self._drain()  # act on every report that arrived before the command
-            r, now = entry.rollout, self.clock()
-            if verb == "pause":
-                actions = r.pause()
-            elif verb == "resume":
-                actions = r.resume(now)
-            elif verb == "abort":
-                actions = r.abort()
-            elif verb == "rollback":
-                actions = r.rollback(now)
-            else:
-                raise ValueError(f"unknown rollout command {verb!r}")
+            actions = apply_verb(entry.rollout, verb, self.clock(), args or {})
             entry.dirty = True
             self._carry_out(entry, actions)
             if not self._persist(entry, command):
@@ -380,9 +426,15 @@ class RolloutController:
         record = heard.record
         if event.model is None or not heard.fresh or record is None:
             return
+        if event.version is not None:
+            self.rates.observe(event.device, now, event.requests, event.agreement_samples)
         for entry in self._active(event.model):
             r = entry.rollout
-            actions = r.device_joined(event.device, record.labels, now)
+            published = self._versions_of(r.spec.model)
+            version = event.version if event.version in published else None
+            if version == r.spec.version:
+                version = None
+            actions = r.device_joined(event.device, record.labels, now, version)
             d = r.devices.get(event.device)
             if d is not None and event.version is not None:
                 actions += self._heartbeat_report(r, event.device, d.status, event.version, now)
@@ -395,7 +447,7 @@ class RolloutController:
         """A device running the version it was sent to has installed it, report or not."""
         back = (DeviceStatus.ROLLBACK_ASSIGNED, DeviceStatus.ROLLBACK_FAILED)
         if (status is DeviceStatus.ASSIGNED and version == r.spec.version) or (
-            status in back and version == r.spec.previous_version
+            status in back and version == r.return_version(device)
         ):
             self.fleet.confirm_version(device, r.spec.model, version)
             return r.report(device, UpdateState.INSTALLED, version, now)
@@ -438,6 +490,12 @@ class RolloutController:
             if e.rollout.spec.model == model and e.rollout.state in _ACTIVE
         ]
 
+    def _versions_of(self, model: str) -> set[int]:
+        """The model's published versions (read once, again at each create)."""
+        if model not in self._published:
+            self._published[model] = {v.version for v in self.registry.list_versions(model)}
+        return self._published[model]
+
     def _entry(self, rollout_id: str) -> RolloutEntry:
         entry = self._entries.get(rollout_id)
         if entry is None:
@@ -445,13 +503,16 @@ class RolloutController:
         return entry
 
     def _view(self, entry: RolloutEntry) -> dict[str, Any]:
-        return status_view(
+        view = status_view(
             entry.id,
             entry.rollout,
             created_at=entry.created_at,
             updated_at=entry.updated_at,
             now=self.clock(),
         )
+        if entry.plan is not None:  # the answer to create: what the plan can decide
+            view.update(plan=entry.plan, plan_text=describe_plan(entry.plan))
+        return view
 
     def _persist(self, entry: RolloutEntry, command: RolloutCommand | None = None) -> bool:
         """Commit the rollout with its outbox (``_outbox``); False: the command was withdrawn
@@ -466,12 +527,12 @@ class RolloutController:
         return done
 
     def _carry_out(self, entry: RolloutEntry, actions: Iterable[Action]) -> None:
-        spec = entry.rollout.spec
+        r = entry.rollout
         for action in actions:
             if isinstance(action, Assign):
                 self.outbox.sign(entry, action.device, action.version, action.rollback)
             elif isinstance(action, Unassign):
-                self.outbox.sign(entry, action.device, spec.previous_version, True)
+                self.outbox.sign(entry, action.device, r.return_version(action.device), True)
             elif isinstance(action, Notify):
                 log.info(
                     "rollout %s: %s (wave %d) %s",

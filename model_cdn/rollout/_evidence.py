@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ._stats import ProportionObs, ValueObs
+from ._significance import ProportionObs, ValueObs
 
 __all__ = ["COUNTERS", "DeviceWindow", "EvidenceBook"]
 

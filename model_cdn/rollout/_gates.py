@@ -31,14 +31,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._evidence import EvidenceBook
-from ._spec import RolloutSpec
-from ._stats import (
+from ._significance import (
     Judgement,
     StatsConfig,
     judge,
     summarize_proportions,
     summarize_values,
 )
+from ._spec import RolloutSpec
 
 __all__ = ["GATES", "Gate", "evaluate", "judgement_dict", "look_times", "pick_control"]
 

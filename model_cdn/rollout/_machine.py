@@ -11,6 +11,7 @@ States::
                          │  ▲    │
                pause()   ▼  │    │ failure rate / health gate tripped (automatic)
                        paused ◀──┴──▶ halted      (both leave only via resume())
+    running | paused | halted ──skip_gate(by, reason)──▶ running   (recorded in ``history``)
     pending | running | paused | halted ──abort()──▶ aborted
     running | paused | halted | completed | aborted ──rollback()──▶ rolling_back ──▶ rolled_back
 
@@ -20,9 +21,16 @@ wave reported a final state, the failure gate holds and the enabled health gates
 passed. The last wave completes when, in addition, every device of the rollout
 has a final state (installed, failed or timed out).
 
-Health (``_wave_health``, ``_gates``, ``_stats``). Each wave compares the
+Versions. ``start`` (and ``device_joined``) may say which version each device
+runs (``versions``); without it every device is taken to run the spec's
+``previous_version`` (the baseline). A device's own version when the rollout
+first assigns it the new one is its ``previous``: ``rollback`` sends each
+device back to *that* version (devices that ran different versions go back to
+different ones), and only devices that ran the baseline can be controls.
+
+Health (``_wave_health``, ``_gates``, ``_significance``). Each wave compares the
 devices on the new version with a control cohort the rollout keeps on the
-previous one, matched in size and labels, over the same window; telemetry
+baseline, matched in size and labels, over the same window; telemetry
 comes in through ``telemetry(device, report, now)`` and only the devices of
 the two cohorts count. At each of the wave's looks every enabled gate is a
 non-inferiority judgement; a failing one halts the rollout, all passing let the
@@ -46,13 +54,26 @@ Invariants (``check_invariants`` asserts them):
    version has reported ``rolled-back`` or ``installed`` of the previous version.
 8. A device of the control cohort was never assigned the new version, and is
    in no other cohort of the wave.
+9. A device's ``previous`` is never the new version; ``rollback`` assigns each
+   device its own ``previous`` (the baseline where it reported none), and a
+   rollback counts as done only on a report of that version (or ``rolled-back``).
+10. A device of the control cohort ran the baseline when the rollout learned of
+    it (``versions``): the control cohort is never one whose reports cannot count.
+11. A wave's health judgement is waived (``waived``) only by ``skip_gate``,
+    which is recorded in ``history`` (when, who, why) for that wave;
+    ``resume`` never waives it.
 
 Messy input is expected and harmless: reports from devices not in the rollout,
 for other versions, duplicates, and reports older than the device's last one
 (by ``now``) are ignored; a late report after a timeout replaces the timeout.
-``resume`` accepts the failures and health data seen so far: the failure gate
-trips again only on a new failure; the health of the resumed wave no longer
-decides (the next wave's does).
+``resume`` accepts the failures seen so far (the failure gate trips again only
+on a new failure) but not the health data: after a pause the judgement goes
+on at its looks; after a health halt (a gate failed, or inconclusive at the
+last look) it starts a new round of looks over the same, growing evidence,
+so the wave ends only when the gates pass. ``skip_gate`` is the one way past
+the health judgement: the current wave's health no longer decides (the next
+wave's does), its failures so far are accepted, soak time and minimum
+reports still hold, and the rollout runs.
 
 Update reports come in as ``shared.UpdateState`` members and are compared
 as members; snapshots hold only this module's own ``StrEnum`` values (plain
@@ -66,18 +87,26 @@ Exceptions (defined in ``model_cdn._errors``, re-exported here)::
 
 from __future__ import annotations
 
-import enum
 import hashlib
+import math
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from shared import UpdateState
 
 from .._errors import RolloutStateError
+from ._machine_state import (
+    _ACTIVE,
+    _FAILED,
+    _FINAL,
+    DeviceStatus,
+    RolloutData,
+    RolloutState,
+    _Device,
+)
+from ._significance import Verdict
 from ._spec import RolloutSpec, plan_waves
-from ._stats import Verdict
-from ._wave_health import WaveHealth
 
 __all__ = [
     "Action",
@@ -90,36 +119,7 @@ __all__ = [
     "Unassign",
 ]
 
-_FORMAT = 2
-_FORMATS = (1, 2)  # 1: before cohorts; its health data is dropped on load
-
-
-class RolloutState(enum.StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    PAUSED = "paused"
-    HALTED = "halted"
-    COMPLETED = "completed"
-    ABORTED = "aborted"
-    ROLLING_BACK = "rolling_back"
-    ROLLED_BACK = "rolled_back"
-
-
-class DeviceStatus(enum.StrEnum):
-    QUEUED = "queued"  # in a started wave, not yet assigned (rollout paused or halted)
-    ASSIGNED = "assigned"
-    INSTALLED = "installed"
-    FAILED = "failed"
-    TIMED_OUT = "timed_out"
-    CANCELLED = "cancelled"  # assignment withdrawn by abort() before the device reported
-    ROLLBACK_ASSIGNED = "rollback_assigned"
-    ROLLBACK_FAILED = "rollback_failed"  # still awaited: the controller may retry
-    ROLLED_BACK = "rolled_back"
-
-
-_FINAL = {DeviceStatus.INSTALLED, DeviceStatus.FAILED, DeviceStatus.TIMED_OUT}
-_FAILED = {DeviceStatus.FAILED, DeviceStatus.TIMED_OUT}
-_ACTIVE = {RolloutState.RUNNING, RolloutState.PAUSED, RolloutState.HALTED}
+_HISTORY = 100  # operator actions kept per rollout
 
 
 @dataclass(frozen=True)
@@ -144,16 +144,6 @@ class Notify:
 Action = Assign | Unassign | Notify
 
 
-@dataclass
-class _Device:
-    wave: int
-    status: DeviceStatus
-    assigned_at: float | None = None
-    reported_at: float | None = None
-    assigns: int = 0
-    rollback_assigns: int = 0
-
-
 def _update_state(state: UpdateState | str) -> UpdateState | None:
     """The member for ``state``; None for a value this build does not know (ignored)."""
     try:
@@ -167,24 +157,8 @@ def _order_key(spec: RolloutSpec, device: str) -> str:
     return hashlib.sha256(f"{spec.model}/{spec.version}/{device}".encode()).hexdigest()
 
 
-class Rollout:
+class Rollout(RolloutData):
     """The state of one rollout; feed it events, carry out the actions it returns."""
-
-    def __init__(self, spec: RolloutSpec) -> None:
-        self.spec = spec
-        self.state = RolloutState.PENDING
-        self.wave = -1
-        self.wave_ends: list[int] = []  # cumulative device counts of the planned fleet
-        self.order: list[str] = []  # the planned fleet, in wave order
-        self._planned: set[str] = set()  # the same, for lookups
-        self.devices: dict[str, _Device] = {}
-        self.wave_started_at: float | None = None
-        self.reason = ""
-        self.labels: dict[str, dict[str, str]] = {}  # the devices known at start, for matching
-        self.outside: list[str] = []  # devices of the model outside the target (control pool)
-        self.health = WaveHealth(spec)
-        self.waived_failures = -1  # failed count accepted by resume(); -1: none
-        self.ignored_reports = 0
 
     # ----------------------------------------------------------------- queries
 
@@ -196,15 +170,51 @@ class Rollout:
     def failure_rate(self) -> float:
         return self.failed / len(self.devices) if self.devices else 0.0
 
-    def wave_devices(self, k: int) -> list[str]:
-        return [n for n, d in self.devices.items() if d.wave == k]
+    def return_version(self, device: str) -> int:
+        """The version a rollback sends ``device`` to: what it ran before, else the baseline."""
+        d = self.devices.get(device)
+        if d is not None and d.previous is not None:
+            return d.previous
+        return self.spec.previous_version
+
+    def control_candidates(self, k: int) -> list[list[str]]:
+        """Where wave ``k``'s control cohort comes from, in order: the target's devices
+        later waves will take, then those outside the target; only devices on the baseline."""
+        base = self.spec.previous_version
+        later = self.order[self.wave_ends[k] :] if k < len(self.wave_ends) else []
+        untouched = [n for n in later if n not in self.devices]
+        return [
+            [n for n in pool if self.running.get(n) == base] for pool in (untouched, self.outside)
+        ]
+
+    def previous_versions(self) -> dict[int, int]:
+        """How many devices assigned the new version go back to which version."""
+        out: dict[int, int] = {}
+        for n, d in self.devices.items():
+            if d.assigns:
+                v = self.return_version(n)
+                out[v] = out.get(v, 0) + 1
+        return dict(sorted(out.items()))
+
+    def note(self, action: str, now: float, *, by: str = "", reason: str = "") -> None:
+        """Record an operator's action in ``history`` (the last 100 are kept)."""
+        entry = {"at": now, "action": action, "wave": self.wave, "by": by, "reason": reason}
+        self.history.append(entry)
+        del self.history[:-_HISTORY]
 
     # ------------------------------------------------------------------ events
 
-    def start(self, devices: Mapping[str, Mapping[str, str]], now: float) -> list[Action]:
+    def start(
+        self,
+        devices: Mapping[str, Mapping[str, str]],
+        now: float,
+        versions: Mapping[str, int] | None = None,
+    ) -> list[Action]:
         """Start wave 0 over the ``devices`` (id → labels) that match the target.
 
-        Raises ``ValueError`` when the fleet is empty or a wave would hold 0 devices.
+        ``versions``: the version each device runs (absent: not known); None: every
+        device runs the baseline. Raises ``ValueError`` when the fleet is empty or a
+        wave would hold 0 devices.
         """
         self._require({RolloutState.PENDING}, "start")
         fleet = sorted(
@@ -212,6 +222,10 @@ class Rollout:
             key=lambda n: (_order_key(self.spec, n), n),
         )
         self.labels = {n: dict(labels) for n, labels in devices.items()}
+        if versions is None:
+            self.running = {n: self.spec.previous_version for n in devices}
+        else:
+            self.running = {n: int(v) for n, v in versions.items() if n in devices}
         self.outside = sorted(n for n in devices if n not in set(fleet))
         self.wave_ends = plan_waves(self.spec, len(fleet))
         self.order = fleet
@@ -219,12 +233,18 @@ class Rollout:
         self.state = RolloutState.RUNNING
         return self._start_wave(0, now)
 
-    def device_joined(self, device: str, labels: Mapping[str, str], now: float) -> list[Action]:
-        """A device came online: a new matching one joins the current wave."""
+    def device_joined(
+        self, device: str, labels: Mapping[str, str], now: float, version: int | None = None
+    ) -> list[Action]:
+        """A device came online: a new matching one joins the current wave.
+
+        ``version``: the version it runs (None: not known)."""
         if self.state not in _ACTIVE or device in self.devices or device in self._planned:
             return []  # known, or already planned for a later wave
         if device not in self.labels:
             self.labels[device] = dict(labels)
+            if version is not None:
+                self.running[device] = version
         if not self.spec.matches(labels):
             if device not in self.outside:
                 self.outside.append(device)
@@ -307,13 +327,34 @@ class Rollout:
         return self._become(RolloutState.PAUSED, "paused by operator")
 
     def resume(self, now: float) -> list[Action]:
-        """Leave paused or halted; accepts the failures and health data seen so far."""
+        """Leave paused or halted; accepts the failures seen so far, not the health data:
+        the judgement goes on (after a health halt, with a new round of looks)."""
         if self.state is RolloutState.RUNNING:
             return []
         self._require({RolloutState.PAUSED, RolloutState.HALTED}, "resume")
         self.waived_failures = self.failed
+        rearmed = self.health.resume(now)
+        why = "resumed" + (f"; health judged again ({rearmed})" if rearmed else "")
+        return self._run_again(why, now)
+
+    def skip_gate(self, now: float, *, by: str, reason: str) -> list[Action]:
+        """The operator's explicit override: the current wave's health no longer decides
+        and its failures so far are accepted; recorded in ``history``; the rollout runs."""
+        self._require(_ACTIVE, "skip the gate of")
+        if not reason.strip():
+            raise ValueError("skipping a gate needs a reason")
+        halted = self.state is RolloutState.HALTED
+        was = self.reason if halted else (self.health.waiting(now) or self.reason)
+        self.note("skip-gate", now, by=by, reason=reason)
+        self.history[-1]["gate"] = was
+        self.waived_failures = self.failed
         self.health.waive()
-        actions = self._become(RolloutState.RUNNING, "resumed")
+        return self._run_again(
+            f"gate of wave {self.wave + 1} skipped by {by or '?'}: {reason}", now
+        )
+
+    def _run_again(self, why: str, now: float) -> list[Action]:
+        actions = self._become(RolloutState.RUNNING, why)
         queued = [n for n, d in self.devices.items() if d.status is DeviceStatus.QUEUED]
         return [*actions, *self._assign(queued, now)]
 
@@ -341,7 +382,7 @@ class Rollout:
                 continue  # never told to change: nothing to undo
             d.status, d.assigned_at = DeviceStatus.ROLLBACK_ASSIGNED, now
             d.rollback_assigns += 1
-            actions.append(Assign(n, self.spec.previous_version, rollback=True))
+            actions.append(Assign(n, self.return_version(n), rollback=True))
         actions += self._become(RolloutState.ROLLING_BACK, "rollback requested")
         return [*actions, *self._maybe_rolled_back()]
 
@@ -363,6 +404,8 @@ class Rollout:
                 continue
             d.status, d.assigned_at = DeviceStatus.ASSIGNED, now
             d.assigns += 1
+            ran = self.running.get(n)
+            d.previous = ran if ran != self.spec.version else None
             actions.append(Assign(n, self.spec.version))
         return actions
 
@@ -380,8 +423,7 @@ class Rollout:
             for n, d in self.devices.items()
             if d.status in on_new
         }
-        untouched = [n for n in self.order if n not in self.devices]
-        self.health.open(k, now, canary, [untouched, self.outside], self.labels)
+        self.health.open(k, now, canary, self.control_candidates(k), self.labels)
         return actions
 
     def _wave_done(self, now: float) -> bool:
@@ -399,12 +441,19 @@ class Rollout:
         if self.state not in (RolloutState.RUNNING, RolloutState.PAUSED):
             return []
         if self.failure_rate > self.spec.max_failure_rate and self.failed > self.waived_failures:
-            return self._become(
-                RolloutState.HALTED,
-                f"failure rate {self.failed}/{len(self.devices)} above "
-                f"{self.spec.max_failure_rate:g}",
-            )
+            return self._become(RolloutState.HALTED, self._failure_reason())
         return []
+
+    def _failure_reason(self) -> str:
+        """Why the failure gate tripped, and what one failure weighs with this many devices."""
+        n, failed, limit = len(self.devices), self.failed, self.spec.max_failure_rate
+        halting = math.floor(limit * n + 1e-9) + 1  # the fewest failures above the limit
+        return (
+            f"failure rate {failed}/{n} = {failed / n:.0%} above max {limit:.0%} "
+            "(failed or timed out, over the waves so far; "
+            f"with {n} device{'s' if n != 1 else ''}, {halting} "
+            f"failure{'s halt' if halting != 1 else ' halts'} it)"
+        )
 
     def _look(self, now: float) -> list[Action]:
         """The health judgement; at a look it may halt the rollout."""
@@ -415,41 +464,19 @@ class Rollout:
             return self._become(RolloutState.HALTED, reason)
         return []
 
-    def waiting(self, now: float) -> list[str]:
-        """Why the current wave has not ended yet, for people (empty: it has not started,
-        or nothing holds it)."""
-        if self.state is not RolloutState.RUNNING or self.wave_started_at is None:
-            return [self.reason] if self.state in (RolloutState.PAUSED, RolloutState.HALTED) else []
-        out = []
-        left = self.spec.soak_s - (now - self.wave_started_at)
-        if left > 0:
-            out.append(f"soaking: {left:.0f} s left")
-        members = [self.devices[n] for n in self.wave_devices(self.wave)]
-        reported = sum(d.status in _FINAL for d in members)
-        need = min(self.spec.min_reports, len(members))
-        if reported < need:
-            out.append(f"reports: {reported} of {need} devices of the wave reported")
-        if self.wave == len(self.wave_ends) - 1:
-            busy = sum(d.status not in _FINAL for d in self.devices.values())
-            if busy:
-                out.append(f"{busy} device(s) still updating")
-        if why := self.health.waiting(now):
-            out.append(why)
-        return out
-
     def _rollback_report(
         self, device: str, d: _Device, state: UpdateState | None, version: int, now: float
     ) -> list[Action]:
         if d.status not in (DeviceStatus.ROLLBACK_ASSIGNED, DeviceStatus.ROLLBACK_FAILED):
             self.ignored_reports += 1
             return []
-        back = (state is UpdateState.INSTALLED and version == self.spec.previous_version) or (
-            state is UpdateState.ROLLED_BACK
-            and version in (self.spec.version, self.spec.previous_version)
+        target = self.return_version(device)
+        back = (state is UpdateState.INSTALLED and version == target) or (
+            state is UpdateState.ROLLED_BACK and version in (self.spec.version, target)
         )
         if back:
             d.status = DeviceStatus.ROLLED_BACK
-        elif state is UpdateState.FAILED and version == self.spec.previous_version:
+        elif state is UpdateState.FAILED and version == target:
             d.status = DeviceStatus.ROLLBACK_FAILED
         else:
             self.ignored_reports += 1
@@ -461,85 +488,11 @@ class Rollout:
         if self.state is not RolloutState.ROLLING_BACK:
             return []
         if all(d.status is DeviceStatus.ROLLED_BACK for d in self.devices.values() if d.assigns):
+            versions = self.previous_versions()
+            where = ", ".join(f"{n} on version {v}" for v, n in versions.items())
             return self._become(
-                RolloutState.ROLLED_BACK, "every device is back on the previous version"
+                RolloutState.ROLLED_BACK,
+                "every device is back on the version it ran before"
+                + (f" ({where})" if where else ""),
             )
         return []
-
-    # ----------------------------------------------------------- persistence
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": _FORMAT,
-            "spec": self.spec.to_dict(),
-            "state": self.state.value,
-            "wave": self.wave,
-            "wave_ends": list(self.wave_ends),
-            "order": list(self.order),
-            "devices": {
-                n: {**asdict(d), "status": d.status.value} for n, d in self.devices.items()
-            },
-            "wave_started_at": self.wave_started_at,
-            "reason": self.reason,
-            "labels": self.labels,
-            "outside": list(self.outside),
-            "health": self.health.to_dict(),
-            "waived_failures": self.waived_failures,
-            "ignored_reports": self.ignored_reports,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Rollout:
-        if d.get("format") not in _FORMATS:
-            raise ValueError(f"unsupported rollout snapshot format {d.get('format')!r}")
-        r = cls(RolloutSpec.from_dict(d["spec"]))
-        r.state = RolloutState(d["state"])
-        r.wave = int(d["wave"])
-        r.wave_ends = [int(x) for x in d["wave_ends"]]
-        r.order = list(d["order"])
-        r._planned = set(r.order)
-        r.devices = {
-            n: _Device(**{**rec, "status": DeviceStatus(rec["status"])})
-            for n, rec in d["devices"].items()
-        }
-        r.wave_started_at = d["wave_started_at"]
-        r.reason = d["reason"]
-        if d["format"] >= 2:
-            r.labels = {n: dict(v) for n, v in d["labels"].items()}
-            r.outside = list(d["outside"])
-            r.health = WaveHealth.from_dict(r.spec, d["health"])
-        r.waived_failures = int(d["waived_failures"])
-        r.ignored_reports = int(d["ignored_reports"])
-        return r
-
-    # ------------------------------------------------------------- invariants
-
-    def check_invariants(self) -> None:
-        """Raise ``AssertionError`` naming the first invariant (module docstring) that fails."""
-        s = self.state
-        if s is RolloutState.PENDING and (self.devices or self.wave != -1):
-            raise AssertionError("1: a pending rollout has no devices")
-        for n, d in self.devices.items():
-            if not 0 <= d.wave <= self.wave:
-                raise AssertionError(f"1: {n} is in wave {d.wave}, current {self.wave}")
-            if d.assigns > 1 or d.rollback_assigns > 1:
-                raise AssertionError(f"2: {n} assigned {d.assigns}/{d.rollback_assigns} times")
-            if d.status is DeviceStatus.QUEUED and (
-                d.wave != self.wave or s not in (RolloutState.PAUSED, RolloutState.HALTED)
-            ):
-                raise AssertionError(f"4: {n} queued in wave {d.wave} while {s.value}")
-        if self.wave_ends and not 0 <= self.wave < len(self.wave_ends):
-            raise AssertionError(f"5: wave {self.wave} outside the plan")
-        if s is RolloutState.COMPLETED and any(
-            d.status not in _FINAL for d in self.devices.values()
-        ):
-            raise AssertionError("completed with devices still awaited")
-        book = self.health.book
-        if book is not None:
-            for n in book.members("control"):
-                if n in self.devices and self.devices[n].assigns:
-                    raise AssertionError(f"8: control device {n} was assigned the new version")
-        if s is RolloutState.ROLLED_BACK and any(
-            d.status is not DeviceStatus.ROLLED_BACK for d in self.devices.values() if d.assigns
-        ):
-            raise AssertionError("7: rolled back with devices not back")

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._assignment_sender import AssignmentSender
 from .._errors import BrokerError
-from .._publisher import AssignmentPublisher
 from ..registry import Registry, RolloutRecord
 from ..registry._base import AssignmentWrite
 from ..registry._leases import Fence, RolloutCommand
@@ -40,6 +40,7 @@ class RolloutEntry:
     updated_at: float
     dirty: bool = False
     outbox: list[AssignmentWrite] = field(default_factory=list)  # signed, not yet stored
+    plan: dict[str, Any] | None = None  # what the plan can decide: in create's answer only
 
     @classmethod
     def of(cls, record: RolloutRecord) -> RolloutEntry:
@@ -53,18 +54,18 @@ class RolloutOutbox:
     def __init__(
         self,
         registry: Registry,
-        publisher: AssignmentPublisher,
+        sender: AssignmentSender,
         lease: LeaderLease | None,
         *,
         clock: Callable[[], float],
         assignment_ttl_days: float,
     ) -> None:
-        self.registry, self.publisher, self.lease = registry, publisher, lease
+        self.registry, self.sender, self.lease = registry, sender, lease
         self.clock, self.assignment_ttl_days = clock, assignment_ttl_days
 
     def sign(self, entry: RolloutEntry, device: str, version: int, rollback: bool) -> None:
         model = entry.rollout.spec.model
-        doc = self.publisher.sign(
+        doc = self.sender.sign(
             device=device,
             model=model,
             version=version,
@@ -109,7 +110,7 @@ class RolloutOutbox:
             if self.lease is not None and self.lease.current() != fence:
                 return
             try:
-                self.publisher.publish(w.device, w.document, wait=False)
+                self.sender.publish(w.device, w.document, wait=False)
             except BrokerError as e:  # stored: devices poll it, the next leader re-sends it
                 log.warning("assignment of %s to %s not published: %s", w.model, w.device, e)
 

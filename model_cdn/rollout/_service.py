@@ -1,10 +1,10 @@
 """The rollout service of ``tandem cdn serve``: one fleet link feeding one controller.
 
 The link is the CDN's one MQTT connection: it hears the fleet's reports and
-carries every assignment out, through ``publisher`` (an
-``AssignmentPublisher`` with the assigning key), which the controller and
+carries every assignment out, through ``sender`` (an
+``AssignmentSender`` with the assigning key), which the controller and
 the admin API's assignment PUT share (``create_app`` takes it from
-``controller.publisher``).
+``controller.sender``).
 
 Several ``cdn serve`` replicas on one registry elect one rollout leader
 (``_leader``): each service holds a ``LeaderLease`` of ``leader_lease_s``
@@ -18,7 +18,7 @@ from typing import Any
 
 from shared import MqttSettings, SigningKey, Topics
 
-from .._publisher import AssignmentPublisher
+from .._assignment_sender import AssignmentSender
 from ..fleet import FleetEvent, FleetLink
 from ..registry import Registry
 from ._controller import RolloutController
@@ -41,10 +41,10 @@ class FleetService:
         **controller_options: Any,
     ) -> None:
         self.link = FleetLink(settings, topics, self._on_event)
-        self.publisher = AssignmentPublisher(self.link, key=key)
+        self.sender = AssignmentSender(self.link, key=key)
         lease = None if leader_lease_s is None else LeaderLease(registry, ttl_s=leader_lease_s)
         self.controller = RolloutController(
-            registry, self.publisher, lease=lease, **controller_options
+            registry, self.sender, lease=lease, **controller_options
         )
 
     def _on_event(self, event: FleetEvent) -> None:

@@ -150,7 +150,7 @@ class RolloutSpec:
     """A staged rollout of ``model`` from ``previous_version`` to ``version``.
 
     Health gates compare the telemetry of the devices on ``version`` with a
-    control cohort kept on ``previous_version`` (``_gates``, ``_stats``); ``None``
+    control cohort kept on ``previous_version`` (``_gates``, ``_significance``); ``None``
     disables a gate. An enabled gate blocks the next wave until the evidence
     says "not worse than the margin" at ``confidence``, halts the rollout when
     it says "worse", and halts it as inconclusive after ``max_soak_s`` (default

@@ -45,6 +45,8 @@ def status_view(
         "model": spec.model,
         "version": spec.version,
         "previous_version": spec.previous_version,
+        # what a rollback sends devices to: {version: devices}, each its own previous
+        "previous_versions": {str(v): n for v, n in rollout.previous_versions().items()},
         "state": rollout.state.value,
         "reason": rollout.reason,
         "wave": rollout.wave,
@@ -61,4 +63,5 @@ def status_view(
         "waves": waves,
         "gates": rollout.health.view(),
         "waiting": rollout.waiting(time.time() if now is None else now),
+        "history": list(rollout.history),  # operator actions: at, action, wave, by, reason
     }

@@ -11,7 +11,8 @@ States (``state``)::
 
     off ─ no health gate enabled
     waiting ──look──▶ inconclusive ──look──▶ pass | fail | inconclusive (at the last look)
-    waived   ─ the operator resumed the wave: its health no longer decides
+    waived   ─ the operator skipped the wave's gate: its health no longer decides
+    fail | inconclusive (at the last look) ──resume──▶ waiting (a new round of looks)
     no_control ─ no device is left to compare with: the wave is not judged
 """
 
@@ -22,8 +23,8 @@ from typing import Any
 
 from ._evidence import EvidenceBook
 from ._gates import evaluate, judgement_dict, look_times, pick_control
+from ._significance import Verdict
 from ._spec import RolloutSpec
-from ._stats import Verdict
 
 __all__ = ["WaveHealth"]
 
@@ -116,6 +117,19 @@ class WaveHealth:
     def waive(self) -> None:
         if self.state != "off":
             self.state = "waived"
+
+    def resume(self, now: float) -> str:
+        """The operator resumed: a judgement that halted (failed, or inconclusive at its
+        last look) starts a new round of looks from ``now`` over the same window; what
+        was counted stays. Returns what changed, for the reason ("" when nothing did)."""
+        halted = self.state == "fail" or (
+            self.state == "inconclusive" and self.looks_done >= len(self.looks)
+        )
+        if self.book is None or not halted:
+            return ""
+        self.state, self.looks_done = "waiting", 0
+        self.looks = look_times(self.spec, now)
+        return f"{len(self.looks)} more looks to {self.looks[-1] - now:g} s"
 
     # -- decisions -------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ __all__ = ["app", "main"]
 # typer-annotated function.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "demo": (
-        "tandem._demo_cli",
+        "tandem.cli._demo_view",
         "demo",
         "Run the whole system on one machine on real MNIST digits and compare modes.",
     ),

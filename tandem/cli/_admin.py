@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 from model_cdn import AdminApiError, AdminClient
-from model_cdn._admin_client import DEFAULT_CDN_URL
+from model_cdn.admin_client import DEFAULT_CDN_URL
 
 from ._common import fail
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_REGISTRY",
     "DEFAULT_STORE",
+    "AssignerKeyOption",
     "MqttCaOption",
     "MqttCertOption",
     "MqttKeyOption",
@@ -119,6 +120,17 @@ SignKeyOption = Annotated[
         "--sign-key",
         envvar="TANDEM_SIGN_KEY",
         help="The publisher's private key file (from 'tandem keys generate').",
+        show_default=False,
+    ),
+]
+AssignerKeyOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--sign-key",
+        envvar="TANDEM_SIGN_KEY",
+        help="The assigner's private key file, which signs assignments (with a root of "
+        "trust, a key of its assigner role, as 'tandem cdn serve --sign-key'; with a "
+        "pinned publisher key, that key).",
         show_default=False,
     ),
 ]

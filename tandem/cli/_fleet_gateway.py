@@ -1,6 +1,6 @@
 """``tandem fleet provision --gateway SITE``: a site broker bridged to the cloud broker.
 
-The options and what they write (``model_cdn._mqtt_bridge`` does the work):
+The options and what they write (``tandem.broker._bridge`` does the work):
 
 - the site broker's users and rules for the named devices: ``--dynsec-file``,
   or ``--passwd-file`` with ``--acl-file`` (as without ``--gateway``);
@@ -162,8 +162,8 @@ def provision_site_gateway(
     legacy_topics: bool,
 ) -> None:
     """Run ``fleet provision --gateway``: print the site's new passwords, say what was written."""
-    from model_cdn._mqtt_bridge import BridgeOptions, BrokerFiles, provision_gateway
     from shared import ConfigError
+    from tandem.broker import BridgeOptions, BrokerFiles, provision_gateway
 
     dynsec_file, passwd_file, acl_file = site_files
     _check(command, request, [p for p in site_files if p is not None])

@@ -2,7 +2,7 @@
 
 The options of the broker's files and of the names in its rules, declared
 once here, and ``provision_broker``, which checks them, writes the files
-(``model_cdn._mqtt_dynsec`` or ``model_cdn._mqtt_acl`` do the work) and
+(``tandem.broker._dynsec`` or ``tandem.broker._acl`` do the work) and
 says what it did: passwords on stdout (or in ``--password-out``), one line
 per user and what to reload on stderr.
 """
@@ -18,11 +18,13 @@ import typer
 from ._common import clean_errors, fail
 
 if TYPE_CHECKING:
-    from model_cdn._mqtt_acl import Provisioning
+    from tandem.broker import Provisioning
 
 __all__ = [
+    "LEGACY_TOPICS_WARNING",
     "AclFileOption",
     "BindClientIdsOption",
+    "BrokerConfOption",
     "BrokerFiles",
     "CdnUserOption",
     "DynsecFileOption",
@@ -35,7 +37,14 @@ __all__ = [
     "ShareGroupOption",
     "check_broker_files",
     "provision_broker",
+    "write_broker_conf",
 ]
+
+LEGACY_TOPICS_WARNING = (
+    "warning: --legacy-topics lets devices publish requests on <prefix>/infer/<model>, whose "
+    "reply address can name another device; re-provision without it once every device "
+    "publishes on its own topic"
+)
 
 DynsecFileOption = Annotated[
     Path | None,
@@ -75,7 +84,8 @@ LegacyTopicsOption = Annotated[
     typer.Option(
         "--legacy-topics/--no-legacy-topics",
         help="Also let devices publish requests on <prefix>/infer/<model> (the first "
-        "layout, for the migration release; turn off once every device uses its own topic).",
+        "layout, whose reply address a device can point at another device): only while "
+        "migrating devices of the first release, with 'tandem hub --legacy-topics'.",
     ),
 ]
 BindClientIdsOption = Annotated[
@@ -83,6 +93,16 @@ BindClientIdsOption = Annotated[
     typer.Option(
         "--bind-client-ids/--no-bind-client-ids",
         help="With --dynsec-file: each device may connect only with its id as client id.",
+    ),
+]
+BrokerConfOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--broker-conf",
+        help="Also write the broker's size limit here, a Mosquitto conf.d file "
+        "(max_packet_size: Tandem's frame limit): a client sending more is disconnected "
+        "before the broker reads it. Include it from mosquitto.conf (include_dir).",
+        show_default=False,
     ),
 ]
 PasswordOutOption = Annotated[
@@ -150,12 +170,27 @@ def provision_broker(
         )
 
 
+def write_broker_conf(command: str, path: Path | None) -> None:
+    """Write the broker's size limit to ``path`` (``--broker-conf``), or say how to."""
+    if path is None:
+        typer.echo(
+            "hint: --broker-conf FILE writes the broker's size limit (max_packet_size), "
+            "which keeps a device's oversize message out of the broker and the hubs",
+            err=True,
+        )
+        return
+    from tandem.broker import write_broker_limits
+
+    with clean_errors(command):
+        write_broker_limits(path)
+    typer.echo(f"wrote {path} (the size limit); restart Mosquitto to apply it", err=True)
+
+
 def _write_broker_files(
     command: str, devices: list[str], files: BrokerFiles, names: RuleNames
 ) -> Provisioning:
-    from model_cdn._mqtt_acl import provision_users, provisioning_acl
-    from model_cdn._mqtt_dynsec import provision_dynsec
     from shared import ConfigError
+    from tandem.broker import provision_dynsec, provision_users, provisioning_acl
 
     with clean_errors(command):
         try:

@@ -190,6 +190,18 @@ ProgressOption = Annotated[
         "--progress-every", help="Seconds between progress lines when not on a terminal.", min=0.1
     ),
 ]
+PasswordFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--password-file",
+        help="'DEVICE PASSWORD' lines, as 'tandem fleet provision --password-out' writes them: "
+        "each device then connects as itself (username = client id = its id), as real devices "
+        "do on a broker with per-device users (--passwd-file/--acl-file or --dynsec-file). "
+        "Without it every device uses the --broker URL's user (mqtt://user:pass@host).",
+        dir_okay=False,
+        show_default=False,
+    ),
+]
 DurationOption = Annotated[
     float | None,
     typer.Option("--duration", help="Stop after this many seconds (default: Ctrl-C).", min=0.1),
@@ -231,6 +243,7 @@ def fleet_simulate(
     mqtt_ca: MqttCaOption = None,
     mqtt_cert: MqttCertOption = None,
     mqtt_key: MqttKeyOption = None,
+    password_file: PasswordFileOption = None,
 ) -> None:
     """Simulate a fleet: real MQTT connections, real signed downloads, no models run.
 
@@ -283,12 +296,36 @@ def fleet_simulate(
                 version_error_rate=_version_rates(version_error_rate, "--version-error-rate"),
                 liar_rate=liar_rate,
                 lie=lie,
+                passwords=None if password_file is None else _passwords(password_file),
             )
         except (ConfigError, ValueError) as e:
             fail(_COMMAND, str(e), 2)
         if label_devices and token:
             _label(config, token)
         _run(config, duration, progress_every)
+
+
+def _passwords(path: Path) -> dict[str, str]:
+    """``DEVICE PASSWORD`` lines (blank lines and ``#`` comments skipped); ``ConfigError``
+    names the line that is neither."""
+    from shared import ConfigError
+
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--password-file {path}: {e}") from e
+    passwords: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if len(words) != 2:
+            raise ConfigError(
+                f"--password-file {path}, line {number}: expected 'DEVICE PASSWORD' "
+                f"(as 'tandem fleet provision --password-out' writes)"
+            )
+        passwords[words[0]] = words[1]
+    return passwords
 
 
 def _label(config: SimulatorConfig, token: str) -> None:

@@ -245,7 +245,26 @@ def render_status(status: dict[str, Any]) -> RenderableType:
     waiting = [str(w) for w in status.get("waiting") or []]
     if waiting:
         parts.append("waiting: " + "\n         ".join(waiting))
+    back = _dict(status.get("previous_versions"))
+    if back:
+        shown = ", ".join(f"{_int(n)} to version {v}" for v, n in back.items())
+        parts.append(f"rollback would send: {shown} (each device to what it ran)")
+    parts += _history_lines(status)
     return Group(*parts)
+
+
+def _history_lines(status: dict[str, Any]) -> list[str]:
+    """Operator actions, newest last (skip-gate with its reason and the gate it skipped)."""
+    history = [e for e in status.get("history") or [] if isinstance(e, dict)]
+    lines = []
+    for e in history[-8:]:
+        wave = e.get("wave")
+        where = f" wave {wave + 1}" if isinstance(wave, int) and wave >= 0 else ""
+        who = f" by {e['by']}" if e.get("by") else ""
+        why = f": {e['reason']}" if e.get("reason") else ""
+        gate = f" (skipped: {e['gate']})" if e.get("gate") else ""
+        lines.append(f"  {ago_text(e.get('at'))} {e.get('action', '?')}{where}{who}{why}{gate}")
+    return ["history:", *lines] if lines else []
 
 
 def render_progress(status: dict[str, Any]) -> RenderableType:

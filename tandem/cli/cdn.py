@@ -32,7 +32,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from model_cdn._serve import CdnServeSettings
+    from model_cdn.server import CdnServeSettings
     from shared import SigningKey, TlsSettings
 
 __all__ = ["cdn_app"]
@@ -177,7 +177,7 @@ def cdn_serve(
     Example: TANDEM_CDN_ADMIN_TOKEN=s3cret tandem cdn serve --host 0.0.0.0
     --trusted-key ~/.tandem/publisher.pub --broker mqtt://broker:1883
     """
-    from model_cdn._serve import LOG_LEVELS, CdnServer, CdnServeSettings
+    from model_cdn.server import LOG_LEVELS, CdnServer, CdnServeSettings
     from shared import Topics
 
     command = "cdn serve"

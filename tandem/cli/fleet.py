@@ -45,8 +45,10 @@ from ._fleet_gateway import (
     provision_site_gateway,
 )
 from ._fleet_provision import (
+    LEGACY_TOPICS_WARNING,
     AclFileOption,
     BindClientIdsOption,
+    BrokerConfOption,
     BrokerFiles,
     CdnUserOption,
     DynsecFileOption,
@@ -59,6 +61,7 @@ from ._fleet_provision import (
     ShareGroupOption,
     check_broker_files,
     provision_broker,
+    write_broker_conf,
 )
 from ._fleet_simulate import fleet_simulate
 from ._rollout_view import console
@@ -89,9 +92,10 @@ def fleet_provision(
     hub_user: HubUserOption = "hub",
     cdn_user: CdnUserOption = "cdn",
     share_group: ShareGroupOption = "hubs",
-    legacy_topics: LegacyTopicsOption = True,
+    legacy_topics: LegacyTopicsOption = False,
     bind_client_ids: BindClientIdsOption = True,
     password_out: PasswordOutOption = None,
+    broker_conf: BrokerConfOption = None,
     gateway: GatewayOption = None,
     cloud_broker: CloudBrokerOption = None,
     bridge_file: BridgeFileOption = None,
@@ -110,7 +114,8 @@ def fleet_provision(
     With the dynamic-security plugin (Mosquitto 2.0+), preferred:
 
         tandem fleet provision hub cdn cam-01 cam-02 \\
-            --dynsec-file /etc/mosquitto/tandem-dynsec.json --password-out new-passwords.txt
+            --dynsec-file /etc/mosquitto/tandem-dynsec.json --password-out new-passwords.txt \\
+            --broker-conf /etc/mosquitto/conf.d/tandem-limits.conf
 
     The plugin reads its file at start: restart Mosquitto after provisioning.
     Without the plugin, the plain files:
@@ -138,6 +143,8 @@ def fleet_provision(
     command = "fleet provision"
     files = BrokerFiles(dynsec_file, passwd_file, acl_file, password_out)
     check_broker_files(command, files)
+    if legacy_topics:
+        typer.echo(LEGACY_TOPICS_WARNING, err=True)
     site = GatewayRequest(
         gateway,
         cloud_broker,
@@ -150,6 +157,7 @@ def fleet_provision(
     if not site.given:
         names = RuleNames(prefix, hub_user, cdn_user, share_group, legacy_topics, bind_client_ids)
         provision_broker(command, devices, files, names)
+        write_broker_conf(command, broker_conf)
         return
     provision_site_gateway(
         command,
@@ -163,6 +171,7 @@ def fleet_provision(
         bind_client_ids=bind_client_ids,
         legacy_topics=legacy_topics,
     )
+    write_broker_conf(command, broker_conf)
 
 
 # -- the fleet as the CDN sees it ---------------------------------------------

@@ -1,6 +1,6 @@
 """``tandem hub``: serve a model repository over MQTT and HTTP (``cloud_hub``'s ``serve``).
 
-The options are checked here, then ``cloud_hub._serve.serve`` runs the hub;
+The options are checked here, then ``cloud_hub.plane._launch.serve`` runs the hub;
 this module loads only when ``tandem hub`` is asked for, and torch only when
 a model needs it. ``python -m cloud_hub`` is the same command without typer,
 for machines that install the hub alone.
@@ -14,11 +14,12 @@ from typing import Annotated, Any
 
 import typer
 
-from cloud_hub._serve import (  # light: the hub's heavy parts load when it serves
+from cloud_hub.plane import (  # light: the hub's heavy parts load when it serves
     LOG_LEVELS,
     MQTT_CLIENTS,
     HubServeSettings,
     default_workers,
+    ensure_repo,
 )
 
 from ._common import MqttCaOption, MqttCertOption, MqttKeyOption, TlsClientCaOption, TlsKeyOption
@@ -32,10 +33,7 @@ RepoOption = Annotated[
         "--repo",
         "-r",
         help="Model repository: <repo>/<model>/<version>/model.onnx (or model.pt), "
-        "plus an optional <repo>/<model>/config.json.",
-        exists=True,
-        file_okay=False,
-        dir_okay=True,
+        "plus an optional <repo>/<model>/config.json. Created when missing with --cdn.",
         resolve_path=True,
         show_default=False,
     ),
@@ -136,8 +134,9 @@ LegacyTopicsOption = Annotated[
     bool,
     typer.Option(
         "--legacy-topics/--no-legacy-topics",
-        help="Also take requests on <prefix>/infer/<model> (devices of earlier releases), "
-        "answered where the request says. Devices now publish on their own "
+        help="Also take requests on <prefix>/infer/<model> (devices of the first release), "
+        "answered where the request says, so a device can redirect replies to another: "
+        "only while migrating (a warning is logged). Devices now publish on their own "
         "<prefix>/dev/<device>/infer/<model> and are answered on their own reply topic.",
     ),
 ]
@@ -237,7 +236,7 @@ def hub(
     http_workers: HttpWorkersOption = 1,
     device: DeviceOption = None,
     mqtt_client: MqttClientOption = "auto",
-    legacy_topics: LegacyTopicsOption = True,
+    legacy_topics: LegacyTopicsOption = False,
     max_inflight_mib: MaxInflightOption = 256,
     redis: RedisOption = None,
     repo_poll_s: RepoPollOption = 2.0,
@@ -270,7 +269,7 @@ def hub(
     Example: tandem hub --repo ./models --broker mqtt://broker:1883 --http-port 8000
     """
     settings = _serve_settings(dict(locals()))  # first: locals() are the options only
-    from cloud_hub._serve import serve
+    from cloud_hub.plane import serve
     from shared import TandemError
 
     try:
@@ -295,7 +294,7 @@ def _serve_settings(options: dict[str, Any]) -> HubServeSettings:
     if not fields["http_port"]:
         fields["api_keys"] = None  # no HTTP API: no keys to check
     settings = HubServeSettings(**fields)
-    problem = settings.problem()
+    problem = settings.problem() or ensure_repo(settings.repo, settings.cdn)
     if problem is not None:
         raise typer.BadParameter(problem[1], param_hint=problem[0])
     _check_security(
@@ -312,8 +311,9 @@ def _check_security(
     api_keys: Path | None, https: tuple[Path | None, ...], mqtts: tuple[Path | None, ...]
 ) -> None:
     """The API key file and TLS files must work; a mistake in them exits 2 (one line)."""
-    from cloud_hub._serve import https_settings
-    from shared import ApiKeyGuard, TandemError, TlsSettings
+    from cloud_hub.plane import https_settings
+    from shared import TandemError, TlsSettings
+    from shared.server import ApiKeyGuard
 
     try:  # a command-line mistake: one line and exit code 2, before anything starts
         https_settings(*https)

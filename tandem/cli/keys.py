@@ -3,7 +3,7 @@
 ``generate`` writes a key pair (publisher.key, mode 0600, and publisher.pub);
 ``root init`` writes root version 1 (which keys hold the root, publisher
 and assigner roles, and each role's threshold) and ``rotate`` the next root
-(``model_cdn._trust_repo``; docs/key-ceremony.md); ``create``,
+(``model_cdn.trust_repo``; docs/key-ceremony.md); ``create``,
 ``list`` and ``revoke`` manage the API key file that ``tandem hub`` and
 ``tandem cdn serve`` read (``shared.ApiKeyFile``). Failures are one line on
 stderr: exit 1 when the work failed, 2 when the command line was wrong.
@@ -11,12 +11,12 @@ stderr: exit 1 when the work failed, 2 when the command line was wrong.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+from shared import atomic_write_bytes
 
 from ._common import clean_errors, fail
 
@@ -33,15 +33,7 @@ def _keys() -> None:
 
 def _write_private(path: Path, text: str) -> None:
     """Write ``text`` readable by the owner only, atomically (never a world-readable moment)."""
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)  # mkstemp: mode 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_bytes(path, text.encode(), mode=0o600)
 
 
 @keys_app.command("generate")
@@ -72,7 +64,7 @@ def keys_generate(
         out.mkdir(parents=True, exist_ok=True)
         key = SigningKey.generate()
         _write_private(private, key.to_text() + "\n")
-        public.write_text(key.public_key.to_text() + "\n")
+        atomic_write_bytes(public, (key.public_key.to_text() + "\n").encode())
         typer.echo(f"private key: {private}  (keep it secret)")
         typer.echo(f"public key:  {public}  ({key.public_key.to_text()})")
         typer.echo(f"key id:      {key.public_key.keyid}")
@@ -96,7 +88,8 @@ def keys_create(
         list[str],
         typer.Option(
             "--scope",
-            help="infer, models:read, models:publish or rollout:admin (repeat for several).",
+            help="infer, generate, models:read, models:publish or rollout:admin "
+            "(repeat for several).",
             show_default=False,
         ),
     ],
@@ -111,7 +104,7 @@ def keys_create(
 
     Example: tandem keys create --scope infer --name cam-fleet --keys-file ./api-keys.json
     """
-    from shared import API_KEY_SCOPES, ApiKeyFile, generate_api_key
+    from shared.server import API_KEY_SCOPES, ApiKeyFile, generate_api_key
 
     command = "keys create"
     unknown = sorted(set(scope) - API_KEY_SCOPES)
@@ -138,7 +131,7 @@ def keys_list(keys_file: KeysFileOption) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from shared import ApiKeyFile
+    from shared.server import ApiKeyFile
 
     with clean_errors("keys list"):
         keys = ApiKeyFile(keys_file).load()
@@ -172,7 +165,7 @@ def keys_revoke(
 
     Example: tandem keys revoke 1a2b3c4d --keys-file ./api-keys.json
     """
-    from shared import ApiKeyFile
+    from shared.server import ApiKeyFile
 
     with clean_errors("keys revoke"):
         key = ApiKeyFile(keys_file).revoke(key_id)
@@ -266,7 +259,7 @@ def keys_root_init(
     --root-threshold 2 --publisher-key publisher.pub --assigner-key rollout.pub
     --sign-with r1.key --sign-with r2.key
     """
-    from model_cdn._trust_repo import TrustRepository
+    from model_cdn.trust_repo import TrustRepository
     from shared import SigningKey
 
     with clean_errors("keys root init"):
@@ -307,7 +300,7 @@ def keys_rotate(
     Example: tandem keys rotate publisher --trust-dir trust --add-key new.pub
     --remove-key old.pub --sign-with r1.key --sign-with r2.key
     """
-    from model_cdn._trust_repo import TrustRepository
+    from model_cdn.trust_repo import TrustRepository
     from shared import SigningKey
 
     command = "keys rotate"

@@ -27,6 +27,7 @@ from ._admin import CaOption, admin_client, admin_errors
 from ._common import (
     DEFAULT_REGISTRY,
     DEFAULT_STORE,
+    AssignerKeyOption,
     MqttCaOption,
     MqttCertOption,
     MqttKeyOption,
@@ -151,7 +152,7 @@ def models_assign(
         list[str],
         typer.Option("--device", help="Device id (repeat for several).", show_default=False),
     ],
-    sign_key: SignKeyOption = None,  # required; checked so the message names the env variable
+    sign_key: AssignerKeyOption = None,  # required; checked so the message names the env var
     broker: AssignBrokerOption = None,
     rollback: Annotated[
         bool, typer.Option("--rollback", help="Allow going below the device's highest version.")
@@ -240,17 +241,17 @@ def _assign_here(
     docs: dict[str, Any],
 ) -> None:
     """Through the library call the admin API makes (``model_cdn.assign_version``): checked,
-    stored, and published on ``settings``' broker by the one ``AssignmentPublisher``."""
-    from model_cdn import AssignmentNotPublishedError, AssignmentPublisher, assign_version
+    stored, and published on ``settings``' broker by the one ``AssignmentSender``."""
+    from model_cdn import AssignmentNotPublishedError, AssignmentSender, assign_version
 
     reg = open_registry_for(registry, create=False)
-    publisher = None
+    sender = None
     try:
         if settings is not None:
-            publisher = AssignmentPublisher.connect(settings, topics, lazy=True)
+            sender = AssignmentSender.connect(settings, topics, lazy=True)
         for d, doc in docs.items():
             try:
-                done = assign_version(reg, publisher, d, model, doc, trusted_keys=[key.public_key])
+                done = assign_version(reg, sender, d, model, doc, trusted_keys=[key.public_key])
             except AssignmentNotPublishedError as e:
                 raise AssignmentNotPublishedError(f"{d}: {e}") from e
             if settings is None:
@@ -260,15 +261,29 @@ def _assign_here(
             else:
                 typer.echo(f"{d}: {model}@{done.version} stored and published to {settings.url}")
     finally:
-        if publisher is not None:
-            publisher.close()
+        if sender is not None:
+            sender.close()
         reg.close()
 
 
 # -- tandem models publish ------------------------------------------------------
 
 SourceArgument = Annotated[
-    Path, typer.Argument(help="The float model: an ONNX file.", show_default=False)
+    Path,
+    typer.Argument(
+        help="The float model: an ONNX file; or an ONNX Runtime GenAI model folder "
+        "(genai_config.json, model, tokenizer), published as one package.",
+        show_default=False,
+    ),
+]
+SmokePromptOption = Annotated[
+    str | None,
+    typer.Option(
+        "--smoke-prompt",
+        help="A model folder: the prompt of the greedy smoke generation devices re-run "
+        "(default 'The ').",
+        show_default=False,
+    ),
 ]
 NameOption = Annotated[str, typer.Option("--name", help="Model name.", show_default=False)]
 VersionOption = Annotated[
@@ -338,8 +353,13 @@ def models_publish(
     cdn: TargetCdnOption = None,
     token: TargetTokenOption = None,
     ca: CaOption = None,
+    smoke_prompt: SmokePromptOption = None,
 ) -> None:
     """Quantize, validate, compress, sign and register a model version.
+
+    A model folder (ONNX Runtime GenAI's) is published as one package: no
+    quantization (the model builder did it); it must load and generate, and
+    its greedy output from --smoke-prompt goes into the manifest.
 
     The quantized model must agree with the float one on at least
     --min-agreement of the validation samples, or nothing is published. The
@@ -350,15 +370,30 @@ def models_publish(
     --validation val.npz --sign-key ~/.tandem/publisher.key
     """
     command = "models publish"
-    _check_publish_options(command, source, quantize, format, min_agreement)
+    package = source.is_dir()
+    if package and (quantize, calibration, validation, tflite_file, labels) != (None,) * 5:
+        fail(command, f"{source} is a model folder, published as built: leave out --quantize, "
+             "--calibration, --validation, --tflite-file and --labels", 2)  # fmt: skip
+    if not package:
+        _check_publish_options(command, source, quantize, format, min_agreement)
     client = None if cdn is None else admin_client(command, cdn, token, ca)
     with clean_errors(command), admin_errors(command):
         key = load_key(sign_key, command)
         try:
             from model_cdn import IdenticalModelError
-            from model_cdn.publish import load_samples, publish_model
+            from model_cdn.publish import load_samples, publish_model, publish_package
         except ImportError as e:
             fail(command, f"the publish pipeline needs {e.name!r}: install tandem[cdn]")
+        if package:
+            folder: dict[str, Any] = {
+                "name": name,
+                "signing_key": key,
+                "version": version,
+                "expires_in_days": expires_in_days,
+                "allow_same": allow_same,
+            }
+            if smoke_prompt is not None:
+                folder["smoke_prompt"] = smoke_prompt
         options: dict[str, Any] = {
             "name": name,
             "signing_key": key,
@@ -377,13 +412,18 @@ def models_publish(
         try:
             target = _publish_target(client, reg, store, key)
             result = with_progress(
-                lambda progress: publish_model(source, target=target, progress=progress, **options)
+                lambda progress: (
+                    publish_package(source, target=target, progress=progress, **folder)
+                    if package
+                    else publish_model(source, target=target, progress=progress, **options)
+                )
             )
         except IdenticalModelError as e:
             fail(
                 command,
                 f"{source} is byte for byte {name}@{e.version}, already published: nothing new "
-                "(--allow-same publishes it as a new version anyway)",
+                "(another --quantize, e.g. int8-dynamic, builds a different version from the "
+                "same float model; --allow-same publishes these bytes as a new version anyway)",
             )
         finally:
             if reg is not None:
@@ -477,7 +517,9 @@ def models_pull(
     The manifest must be signed by a --trusted-key and unexpired, name the
     model (and version) asked for, and the blob must match its digests; then
     it is decompressed and written whole (a file a device loads as it is,
-    e.g. EdgeAgent("mnist-edge.onnx")). Nothing is written otherwise.
+    e.g. EdgeAgent("mnist-edge.onnx")), or for a package its folder, each file
+    checked against the signed listing (EdgeAgent(None, language_model=DIR)).
+    Nothing is written otherwise.
 
     Example: tandem models pull mnist-edge@3 --out mnist-edge.onnx
     --trusted-key keys/publisher.pub --cdn http://cdn.example:8700
@@ -509,8 +551,15 @@ def models_pull(
             fail(command, f"the manifest of {asked} from {source.where} does not verify: {why}")
         finally:
             close()
-        _check_suffix(command, out, pulled.manifest.format)
-        write_model_file(out, pulled.model)
+        if pulled.files is not None:  # a package: its folder
+            from model_cdn import write_package_dir
+
+            if out.exists() and not out.is_dir():
+                fail(command, f"{pulled.ref} is a model folder: --out {out} is a file", 2)
+            write_package_dir(out, pulled.files)
+        else:
+            _check_suffix(command, out, pulled.manifest.format)
+            write_model_file(out, pulled.model)
     method = pulled.manifest.quantization.get("method", "?")
     typer.echo(
         f"pulled {pulled.ref} ({pulled.manifest.format}, {method}, {len(pulled.model)} bytes) "
@@ -533,8 +582,8 @@ def _pull_source(
 def _check_suffix(command: str, out: Path, format: str) -> None:
     """Runtimes choose a loader by the file's suffix: a wrong one would load it as the wrong
     kind of model."""
-    from model_cdn._pull import SUFFIXES
+    from model_cdn import MODEL_SUFFIXES
 
-    wanted = SUFFIXES.get(format)
-    if wanted and out.suffix in SUFFIXES.values() and out.suffix != wanted:
+    wanted = MODEL_SUFFIXES.get(format)
+    if wanted and out.suffix in MODEL_SUFFIXES.values() and out.suffix != wanted:
         fail(command, f"the model is {format}: name the file {out.with_suffix(wanted)}", 2)

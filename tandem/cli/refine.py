@@ -1,6 +1,6 @@
 """``tandem models refine``: fine-tune an edge model on what its fleet offloaded, publish it.
 
-A thin shell over ``tandem.refine.refine_model`` (mounted into ``tandem
+A thin shell over ``tandem.learning.refine_model`` (mounted into ``tandem
 models`` by the command table): parse the options, run the job behind a
 progress bar, print both models' figures on the held-out sets, and, with
 ``--rollout``, ask the CDN's rollout service for a staged rollout of the new
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from model_cdn import AdminClient
     from model_cdn.publish import PublishTarget
     from shared import SigningKey
-    from tandem.refine import RefineReport, RefineSettings
+    from tandem.learning import RefineReport, RefineSettings
 
 __all__ = ["refine"]
 
@@ -77,7 +77,7 @@ def refine(
     validation: ValidationOption,
     calibration: CalibrationOption = None,
     replay: ReplayOption = None,
-    trainer: TrainerOption = "tandem.refine:distill",
+    trainer: TrainerOption = "tandem.learning:distill",
     trainer_option: TrainerOptionsOption = None,
     cloud_model: CloudModelOption = None,
     holdout: HoldoutOption = "20%",
@@ -157,7 +157,7 @@ def _shares(**texts: str) -> dict[str, float]:
 
 def _settings(fields: dict[str, Any], shares: dict[str, float]) -> RefineSettings:
     """The job's settings; exit 2 for a file that is not there or a setting that cannot work."""
-    from tandem.refine import RefineSettings
+    from tandem.learning import RefineSettings
 
     for what in ("base", "validation", "calibration", "replay"):
         path = fields[what]
@@ -184,7 +184,7 @@ def _refine_or_exit(
     out: Path,
 ) -> RefineReport:
     """The published candidate's report; a refused one prints why and exits 1."""
-    from tandem.refine import RefineRefusedError
+    from tandem.learning import RefineRefusedError
 
     with clean_errors(COMMAND), admin_errors(COMMAND):
         key = load_key(sign_key, COMMAND)
@@ -241,7 +241,7 @@ def _run(
 ) -> RefineReport:
     from model_cdn import open_store
     from model_cdn.publish import AdminApiTarget, LocalTarget
-    from tandem.refine import refine_model
+    from tandem.learning import refine_model
 
     from ._models_view import with_progress
 

@@ -28,12 +28,11 @@ from ._admin import (
     check_id,
     parse_duration,
     parse_fraction,
-    parse_labels,
-    parse_model_at_version,
     parse_ratio,
     print_json,
 )
 from ._common import fail
+from ._rollout_request import start_request
 from ._rollout_view import console, list_table, progress_line, render_progress, render_status
 
 if TYPE_CHECKING:
@@ -59,8 +58,8 @@ rollout_app = typer.Typer(no_args_is_help=True, add_completion=False)
 
 @rollout_app.callback()
 def _rollout() -> None:
-    """Staged, health-gated model rollouts: start, status (--watch), pause, resume, abort,
-    rollback, list. Talks to 'tandem cdn serve' (--cdn, --token)."""
+    """Staged, health-gated model rollouts: start (--dry-run), status (--watch), pause,
+    resume, skip-gate, abort, rollback, list. Talks to 'tandem cdn serve' (--cdn, --token)."""
 
 
 # -- following a rollout ---------------------------------------------------------
@@ -159,8 +158,8 @@ FromVersionOption = Annotated[
     int | None,
     typer.Option(
         "--from",
-        help="The version devices run now (default: the highest "
-        "published below VERSION); rollback returns to it.",
+        help="The baseline the health gates compare with (default: the version most "
+        "target devices run); rollback returns each device to the version it ran.",
         show_default=False,
     ),
 ]
@@ -214,7 +213,7 @@ MaxSoakOption = Annotated[
     typer.Option(
         "--max-soak",
         help="Health gates: a wave still inconclusive this long halts "
-        "(default: 6 soaks, at least soak + 10m).",
+        "(default: 6 soaks, at least soak + 30m).",
         show_default=False,
     ),
 ]
@@ -226,6 +225,21 @@ MaxOutliersOption = Annotated[
     ),
 ]
 WideOption = Annotated[bool, typer.Option("--wide", help="Never cut tables to the terminal.")]
+DryRunOption = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Print what each wave can decide (devices, controls, samples, time); start nothing.",
+    ),
+]
+AcceptInconclusiveOption = Annotated[
+    bool,
+    typer.Option(
+        "--accept-inconclusive",
+        help="Start even when a wave cannot reach a decision before --max-soak "
+        "(it will halt as inconclusive for a person to decide).",
+    ),
+]
 WatchOption = Annotated[bool, typer.Option("--watch", help="Then follow it as 'status --watch'.")]
 IntervalOption = Annotated[str, typer.Option("--interval", help="Poll period for --watch.")]
 
@@ -248,6 +262,8 @@ def rollout_start(
     confidence: ConfidenceOption = "95%",
     max_soak: MaxSoakOption = None,
     max_outliers: MaxOutliersOption = "5%",
+    dry_run: DryRunOption = False,
+    accept_inconclusive: AcceptInconclusiveOption = False,
     watch: WatchOption = False,
     interval: IntervalOption = "2s",
     wide: WideOption = False,
@@ -263,7 +279,16 @@ def rollout_start(
     wave's devices are compared with a control cohort kept on the previous
     version, and the wave goes on once each gate shows "not worse than its
     margin" at --confidence, halts when one shows "worse", and halts as
-    inconclusive after --max-soak. A halt holds until 'tandem rollout resume'.
+    inconclusive after --max-soak. A halt holds until 'tandem rollout resume'
+    (which judges again) or 'tandem rollout skip-gate' (which does not).
+
+    It first prints what the target can decide: devices and controls per
+    wave, the failures that halt each wave, the samples each gate needs at
+    --confidence and the time that takes at the traffic the devices report,
+    and refuses a plan with a wave that cannot decide before --max-soak
+    (--accept-inconclusive starts it anyway; --dry-run only prints the plan).
+    The previous version is what the target's devices run (--from to choose);
+    rollback returns each device to the version it ran.
 
     Example: tandem rollout start mnist@3 --target site=factory-a --waves 5%,25%,100%
     --max-failure 2% --soak 10m --max-agreement-drop 2% --cdn http://cdn:8700
@@ -271,7 +296,7 @@ def rollout_start(
     command = "rollout start"
     if watch and as_json:
         fail(command, "--json and --watch do not mix: poll 'status ID --json' instead", 2)
-    body = _start_request(
+    body = start_request(
         command, what, waves, target, from_version, min_reports, min_health_samples
     )
     body["max_failure_rate"] = parse_fraction(max_failure, "--max-failure", command)
@@ -296,53 +321,24 @@ def rollout_start(
         body["max_soak_s"] = parse_duration(max_soak, "--max-soak", command)
     interval_s = parse_duration(interval, "--interval", command, positive=True)
     client = admin_client(command, cdn, token, ca)
+    if dry_run:
+        body["dry_run"] = True
+    if accept_inconclusive:
+        body["accept_inconclusive"] = True
     status = admin_call(command, client.start_rollout, body)
     if as_json:
         print_json(status)
-    elif not watch:
+        return
+    plan = [str(line) for line in status.get("plan_text") or []]
+    if plan:
+        _print("plan (what each wave can decide):\n  " + "\n  ".join(plan), wide)
+    if dry_run:
+        typer.echo("dry run: nothing started")
+        return
+    if not watch:
         _print(render_status(status), wide)
     if watch:
         _watch("rollout status", client, status, interval_s, wide)
-
-
-def _start_request(
-    command: str,
-    what: str,
-    waves: str | None,
-    target: list[str] | None,
-    from_version: int | None,
-    min_reports: int,
-    min_health_samples: int,
-) -> dict[str, Any]:
-    """The rollout API's request for what was typed, checked in the order it is typed."""
-    model, version = parse_model_at_version(what, command)
-    if waves is None:
-        fail(command, "--waves is required, e.g. --waves 5%,25%,100% (or 5,50,all)", 2)
-    from model_cdn.rollout import parse_waves
-
-    try:
-        parse_waves(waves)
-    except ValueError as e:
-        fail(command, f"--{e}", 2)
-    labels = parse_labels(target or [], "--target", command)
-    if min_reports < 1:
-        fail(command, f"--min-reports must be at least 1, got {min_reports}", 2)
-    if min_health_samples < 0:
-        fail(command, f"--min-health-samples must be 0 or more, got {min_health_samples}", 2)
-    if from_version is not None and (from_version < 1 or from_version == version):
-        fail(command, f"--from must be a version ≥ 1 other than {version}, got {from_version}", 2)
-    body: dict[str, Any] = {
-        "model": model,
-        "version": version,
-        "waves": waves,
-        "min_reports": min_reports,
-        "min_health_samples": min_health_samples,
-    }
-    if labels:
-        body["target"] = labels
-    if from_version is not None:
-        body["previous_version"] = from_version
-    return body
 
 
 @rollout_app.command("status")
@@ -445,11 +441,58 @@ def rollout_resume(
     token: TokenOption = None,
     ca: CaOption = None,
 ) -> None:
-    """Resume a paused or halted rollout (accepting the failures seen so far).
+    """Resume a paused or halted rollout: accepts the failures seen so far, and goes on
+    judging the wave's health (after a health halt, with a new round of looks).
+    To go on without the judgement: 'tandem rollout skip-gate'.
 
     Example: tandem rollout resume ro-1a2b3c4d5e6f
     """
     _steer("rollout resume", rollout_id, "resume", cdn, token, ca)
+
+
+@rollout_app.command("skip-gate")
+def rollout_skip_gate(
+    rollout_id: IdArgument,
+    reason: Annotated[
+        str | None,
+        typer.Option(
+            "--reason",
+            help="Why the gate is skipped (kept in the rollout's history).",
+            show_default=False,
+        ),
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+    cdn: CdnOption = DEFAULT_CDN,
+    token: TokenOption = None,
+    ca: CaOption = None,
+) -> None:
+    """Let the current wave go on without its health judgement (and accept its failures
+    so far); soak time and --min-reports still hold, the next wave is judged again.
+    Recorded in the rollout's history (who, when, why) and shown by 'status'.
+
+    Example: tandem rollout skip-gate ro-1a2b3c4d5e6f --reason "drop is the known label fix"
+    """
+    command = "rollout skip-gate"
+    check_id(rollout_id, command)
+    if reason is None or not reason.strip():
+        fail(command, "--reason is required: say why the gate is skipped", 2)
+    client = admin_client(command, cdn, token, ca)
+    status = admin_call(command, client.get_rollout, rollout_id)
+    waiting = "; ".join(str(w) for w in status.get("waiting") or []) or status.get("reason", "")
+    question = (
+        f"skip the health gate of wave {_int_of(status.get('wave')) + 1} of {rollout_id} "
+        f"({status.get('state', '?')}: {waiting})? The wave will not be judged"
+    )
+    if not yes and not typer.confirm(question, default=False):
+        fail(command, "not confirmed: nothing changed", 1)
+    status = admin_call(command, client.skip_gate, rollout_id, reason.strip())
+    typer.echo(
+        f"{status.get('id', rollout_id)}: {status.get('state', '?')} ({status.get('reason')})"
+    )
+
+
+def _int_of(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 @rollout_app.command("abort")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shared import ConfigError, MqttSettings, PublicKey, TlsSettings, Topics, validate_name
@@ -116,6 +116,10 @@ class SimulatorConfig:
     download_workers: int = 16  # threads sharing the CDN downloads (keep-alive connections)
     http_timeout_s: float = 15.0
     keepalive_s: int = 60  # MQTT keep-alive of each device connection
+    # Per-device credentials (device id -> password), as 'tandem fleet provision' gives them:
+    # each device then connects as itself (username = client id = device id), as a real
+    # device does on a broker that checks who is who. None: the broker URL's credentials.
+    passwords: Mapping[str, str] | None = field(default=None, repr=False)
     reconnect_delay_s: tuple[float, float] = (0.5, 2.0)  # after an unplanned disconnect
 
     def __post_init__(self) -> None:
@@ -186,6 +190,22 @@ class SimulatorConfig:
         _seconds(self.http_timeout_s, "http_timeout_s", positive=True)
         if not isinstance(self.keepalive_s, int) or not 5 <= self.keepalive_s <= 65535:
             raise ConfigError(f"keepalive_s must be 5-65535 seconds, got {self.keepalive_s!r}")
+        if self.passwords is not None:
+            passwords = dict(self.passwords)
+            missing = [d for d in map(self.device_id, range(self.devices)) if not passwords.get(d)]
+            if missing:
+                raise ConfigError(
+                    f"no password for {len(missing)} of the {self.devices} devices (the first: "
+                    f"{missing[0]}): provision them, e.g. 'tandem fleet provision "
+                    f"{missing[0]} … --password-out FILE'"
+                )
+            object.__setattr__(self, "passwords", passwords)
+
+    def device_mqtt(self, device: str) -> MqttSettings:
+        """The MQTT settings device ``device`` connects with: its own credentials if given."""
+        if self.passwords is None:
+            return self.mqtt
+        return replace(self.mqtt, username=device, password=self.passwords[device])
 
     @property
     def mqtt(self) -> MqttSettings:

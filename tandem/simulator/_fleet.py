@@ -8,7 +8,7 @@ tests/test_mqtt_clients.py): a session runs a network thread per
 connection, and a thousand devices' clients must share one thread here, on
 paho's external-loop API. Downloads (the signed manifest, then the blob)
 run on a small thread pool sharing keep-alive HTTP connections
-(``CdnFetcher``). The devices' decisions are ``SimulatedDevice``'s; this
+(``PooledCdnClient``). The devices' decisions are ``SimulatedDevice``'s; this
 module only moves bytes and time.
 
 Threads: the loop thread owns every client and every device; the download
@@ -33,10 +33,10 @@ from typing import Any, Literal, TypeVar
 
 from shared import Assignment, Topics, UpdateStatus, create_client, resolve_protocol
 
+from ._cdn_client import PooledCdnClient
 from ._config import SimulatorConfig
 from ._device import DeviceState, SimulatedDevice, draw_traits
 from ._errors import SimulatorError
-from ._fetch import CdnFetcher
 from ._loop import MqttEventLoop, Timer
 from ._snapshot import FleetSnapshot
 
@@ -87,7 +87,7 @@ class FleetSimulator:
         self.config = config
         self.topics = config.topics
         self._loop = MqttEventLoop()
-        self._fetcher = CdnFetcher(
+        self._fetcher = PooledCdnClient(
             config.cdn_url,
             read_token=config.read_token,
             timeout_s=config.http_timeout_s,
@@ -121,7 +121,11 @@ class FleetSimulator:
                 pass
         except OSError as e:
             raise SimulatorError(f"cannot reach the MQTT broker at {settings.url}: {e}") from e
-        self._protocol = resolve_protocol(settings)
+        if cfg.passwords is None:
+            self._protocol = resolve_protocol(settings)
+        else:  # a broker that binds ids to credentials refuses a probe under any other id
+            first = cfg.device_id(0)
+            self._protocol = resolve_protocol(cfg.device_mqtt(first), client_id=first)
         try:
             self._build()
             self._pool = ThreadPoolExecutor(
@@ -143,7 +147,10 @@ class FleetSimulator:
             device = SimulatedDevice(
                 name, config=cfg, labels=cfg.device_labels(i), traits=traits[i], now=now
             )
-            client = create_client(cfg.mqtt, f"tandem-sim-{name}", protocol=self._protocol)
+            # With its own credentials a device is itself to the broker (client id = username
+            # = device id), as a real device; without, one shared user connects them all.
+            client_id = name if cfg.passwords is not None else f"tandem-sim-{name}"
+            client = create_client(cfg.device_mqtt(name), client_id, protocol=self._protocol)
             link = _Link(device, client, self.topics)
             client.user_data_set(link)
             client.on_connect = self._on_connect

@@ -202,7 +202,7 @@ class VirtualFleet:
         outcome.reason = rollout.reason
         outcome.seconds = self.now - began
         outcome.looks = rollout.health.looks_done
-        from model_cdn.rollout._view import status_view
+        from model_cdn.rollout import status_view
 
         outcome.status = status_view(
             self._rollout_id, rollout, created_at=began, updated_at=self.now, now=self.now

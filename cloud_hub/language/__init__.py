@@ -1,0 +1,47 @@
+"""Language models in the hub: ONNX Runtime GenAI's ``Engine`` with limits, per model.
+
+``LanguageEngine`` hosts one model folder on one scheduling thread (continuous
+batching, limits per turn, a bounded queue, cancellation that frees the slot
+at once; a conversation's next turn continues its kept KV cache);
+``LanguageModels`` loads the repository's directories whose
+``config.json`` says ``"platform": "onnxruntime_genai"``. ``cloud_hub.Hub``
+serves them (``hub.language``), ``cloud_hub.plane`` in a language executor
+process per model (``TurnEngine``: what both offer the fronts), and
+``cloud_hub.http`` answers OpenAI's
+``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` for them.
+"""
+
+from ._conversations import ConversationLimits
+from ._engine import LanguageEngine, check_turn
+from ._models import (
+    ENGINES,
+    PLATFORM,
+    LanguageConfig,
+    LanguageModels,
+    ServedLanguageModel,
+    engine_missing,
+    is_language_model_dir,
+    read_language_config,
+)
+from ._options import GenerationLimits, Sampling
+from ._turn import Sink, Turn, TurnEngine, TurnUpdate
+
+__all__ = [
+    "ENGINES",
+    "PLATFORM",
+    "ConversationLimits",
+    "GenerationLimits",
+    "LanguageConfig",
+    "LanguageEngine",
+    "LanguageModels",
+    "Sampling",
+    "ServedLanguageModel",
+    "Sink",
+    "Turn",
+    "TurnEngine",
+    "TurnUpdate",
+    "check_turn",
+    "engine_missing",
+    "is_language_model_dir",
+    "read_language_config",
+]

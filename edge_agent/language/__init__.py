@@ -1,0 +1,44 @@
+"""Text generation on the device: an ONNX Runtime GenAI runtime, streams, conversations.
+
+``EdgeAgent.generate`` / ``chat`` (and their ``AsyncEdgeAgent`` twins) are
+built from this package: ``LanguageRuntime`` (the model), ``TextStream``
+(one turn's chunks and final ``GenerationRecord``), ``Conversation`` (a
+dialogue that keeps its KV cache), ``Sampling``, and the presets with the
+heavy rule (``_presets``, pure); the hub's side of a turn over MQTT
+(``_cloud``: ``TextLink``, ``CloudLeg``, ``CloudTextSettings``) with its
+reorder buffer (``_reorder``, pure). Importing it does not import
+``onnxruntime_genai``; loading a model does.
+"""
+
+from ._chat import Conversation, render_turn
+from ._cloud import CloudTextSettings
+from ._presets import DeviceRates, Preset, TextRoute, is_heavy, predicted_ms, route_text
+from ._runtime import LanguageRuntime, load_language_runtime
+from ._stream import (
+    AsyncTextStream,
+    FinishReason,
+    GenerationRecord,
+    Sampling,
+    TextChunk,
+    TextStream,
+)
+
+__all__ = [
+    "AsyncTextStream",
+    "CloudTextSettings",
+    "Conversation",
+    "DeviceRates",
+    "FinishReason",
+    "GenerationRecord",
+    "LanguageRuntime",
+    "Preset",
+    "Sampling",
+    "TextChunk",
+    "TextRoute",
+    "TextStream",
+    "is_heavy",
+    "load_language_runtime",
+    "predicted_ms",
+    "render_turn",
+    "route_text",
+]

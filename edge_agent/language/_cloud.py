@@ -1,0 +1,248 @@
+"""A text turn at the hub, as the device sees it: ``TextLink`` and ``CloudLeg``.
+
+``TextLink`` runs on the device's one MQTT connection (``DeviceLink``): it
+listens on the device's own text topic (``…/dev/{device}/text``, where hubs
+stream chunks and finals; the broker lets only hubs write there), publishes
+turns on ``…/dev/{device}/generate/{model}`` and cancels on
+``…/dev/{device}/cancel`` (QoS 1), and hands each decoded chunk or final to
+the turn whose request id it carries. Losing the connection wakes every
+turn waiting (``LinkFault``), so none waits out its stall timeout for text
+that cannot come.
+
+``CloudLeg`` is one turn's side of it: ``next(deadline)`` returns the next
+chunk in ``seq`` order (``ReorderBuffer``: QoS 1 duplicates and reordering
+never reach the stream), the final once every chunk before it came, a
+``LinkFault`` when the hub fell silent (no message within
+``CloudTextSettings.first_chunk_s`` of the request, or ``stall_s`` between
+two messages), the connection went, or the turn was interrupted, and
+``None`` when ``deadline`` passed. ``cancel`` tells the hub to free the
+turn's slot. The turn stream (``_stream``) decides what a fault means: the
+device finishes the turn itself, or the turn ends with an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from shared import (
+    GenerateCancel,
+    GenerateChunk,
+    GenerateFinal,
+    GenerateRequest,
+    InboundMessage,
+    Limits,
+    ProtocolError,
+    Topics,
+    decode_text_message,
+    encode_text_message,
+)
+
+from .._errors import UplinkError
+from ._reorder import ReorderBuffer
+
+if TYPE_CHECKING:
+    from .._device_link import DeviceLink
+
+__all__ = ["CloudLeg", "CloudPlan", "CloudTextSettings", "LinkFault", "TextLink"]
+
+log = logging.getLogger("tandem.edge.text")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CloudTextSettings:
+    """How long a turn at the hub may be silent before the device gives up on it (seconds)."""
+
+    first_chunk_s: float = 10.0  # from the request to the hub's first message (queue, prefill)
+    stall_s: float = 2.0  # between two messages of the hub
+
+    def __post_init__(self) -> None:
+        if not (self.first_chunk_s > 0 and self.stall_s > 0):
+            raise ValueError("first_chunk_s and stall_s must be > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class LinkFault:
+    """Why no more text will come from the hub for this turn."""
+
+    reason: str
+
+
+_Inbox = queue.SimpleQueue[GenerateChunk | GenerateFinal | LinkFault]
+
+
+class TextLink:
+    """The device's text topics on its ``DeviceLink`` (see the module docstring)."""
+
+    def __init__(
+        self, link: DeviceLink, device_id: str, *, topics: Topics | None = None,
+        limits: Limits | None = None,
+    ) -> None:  # fmt: skip
+        self.link = link
+        self.device_id = device_id
+        self.topics = topics or Topics()
+        self.limits = limits or Limits()
+        self.topic = self.topics.text(device_id)
+        self.stats: Counter[str] = Counter()
+        self._inboxes: dict[str, _Inbox] = {}
+        self._lock = threading.Lock()
+        self._attached = False
+
+    def attach(self) -> None:
+        """Listen on the text topic (subscribed on every connection) and watch the link."""
+        if not self._attached:
+            self._attached = True
+            self.link.watch(self._on_connection)
+            self.link.listen(self.topic, self._on_message)
+
+    def detach(self) -> None:
+        if self._attached:
+            self._attached = False
+            self.link.unlisten(self.topic)
+            self.link.unwatch(self._on_connection)
+            self._fail_all("the agent closed")
+
+    @property
+    def connected(self) -> bool:
+        return self._attached and self.link.connected
+
+    def open(self, request: GenerateRequest, settings: CloudTextSettings) -> CloudLeg:
+        """Publish ``request`` and return its leg; ``UplinkError`` when it cannot be sent."""
+        if not self.connected:
+            raise UplinkError("not connected to the broker")
+        inbox: _Inbox = queue.SimpleQueue()
+        with self._lock:
+            self._inboxes[request.request_id] = inbox
+        try:
+            handle = self.link.publish(
+                self.topics.device_generate(self.device_id, request.model),
+                encode_text_message(request),
+                qos=1,
+            )
+        except (OSError, ValueError, RuntimeError) as e:
+            self._forget(request.request_id)
+            raise UplinkError(f"publish failed: {e}") from e
+        if handle.failed or handle.offline:
+            self._forget(request.request_id)
+            raise UplinkError("publish failed: not connected to the broker")
+        self.stats["turns"] += 1
+        return CloudLeg(self, request.request_id, inbox, settings)
+
+    def cancel(self, request_id: str) -> None:
+        """Stop hearing a turn; ask the hub to free its slot (best effort: QoS 1, not awaited)."""
+        self._forget(request_id)
+        if not self.connected:
+            return
+        frame = encode_text_message(GenerateCancel(request_id=request_id, device_id=self.device_id))
+        try:
+            self.link.publish(self.topics.cancel(self.device_id), frame, qos=1)
+            self.stats["cancels"] += 1
+        except (OSError, ValueError, RuntimeError) as e:
+            log.debug("cancel of %s not sent: %s", request_id, e)
+
+    def _forget(self, request_id: str) -> None:
+        with self._lock:
+            self._inboxes.pop(request_id, None)
+
+    # -- the session's network thread -----------------------------------------------------
+
+    def _on_message(self, message: InboundMessage) -> None:
+        if message.retain:  # an old stream left on the topic: no turn of ours
+            self.stats["dropped"] += 1
+            return
+        try:
+            decoded = decode_text_message(message.payload, self.limits)
+        except ProtocolError as e:
+            self.stats["bad"] += 1
+            log.warning("dropped a malformed text message on %s: %s", message.topic, e)
+            return
+        if not isinstance(decoded, GenerateChunk | GenerateFinal):
+            self.stats["dropped"] += 1
+            return
+        with self._lock:
+            inbox = self._inboxes.get(decoded.request_id)
+        if inbox is None:  # a turn that ended or gave up (or a redelivery after its end)
+            self.stats["late"] += 1
+            return
+        self.stats["received"] += 1
+        inbox.put(decoded)
+
+    def _on_connection(self, up: bool) -> None:
+        if not up:
+            self._fail_all("the broker connection was lost")
+
+    def _fail_all(self, why: str) -> None:
+        with self._lock:
+            inboxes = list(self._inboxes.values())
+        for inbox in inboxes:
+            inbox.put(LinkFault(why))
+
+
+class CloudLeg:
+    """One turn's messages from the hub, in order (see the module docstring)."""
+
+    def __init__(
+        self, link: TextLink, request_id: str, inbox: _Inbox, settings: CloudTextSettings
+    ) -> None:
+        self.link = link
+        self.request_id = request_id
+        self.settings = settings
+        self._inbox = inbox
+        self._order: ReorderBuffer[GenerateChunk | GenerateFinal] = ReorderBuffer()
+        self._ready: list[GenerateChunk | GenerateFinal] = []
+        self._heard = False
+        self.finished = False  # the final came (or the leg was given up)
+
+    @property
+    def duplicates(self) -> int:
+        return self._order.duplicates
+
+    def next(self, deadline: float | None) -> GenerateChunk | GenerateFinal | LinkFault | None:
+        """The next message in order, a fault, or ``None`` once ``deadline`` passed."""
+        while not self._ready:
+            silence = self.settings.stall_s if self._heard else self.settings.first_chunk_s
+            wait = silence
+            if deadline is not None:
+                wait = min(wait, deadline - time.perf_counter())
+                if wait <= 0:
+                    return None
+            try:
+                message = self._inbox.get(timeout=wait)
+            except queue.Empty:
+                if deadline is not None and time.perf_counter() >= deadline:
+                    return None
+                return LinkFault(f"no word from the hub for {silence:g} s")
+            if isinstance(message, LinkFault):
+                return message
+            self._heard = True
+            self._ready.extend(self._order.push(message.seq, message))
+        message = self._ready.pop(0)
+        if isinstance(message, GenerateFinal):
+            self.finished = True
+            self.link._forget(self.request_id)
+        return message
+
+    def interrupt(self, why: str) -> None:
+        """Wake a ``next`` waiting on another thread (the stream is being closed)."""
+        self._inbox.put(LinkFault(why))
+
+    def cancel(self) -> None:
+        """Give the turn up: the hub frees its slot (a no-op once the final came)."""
+        if not self.finished:
+            self.finished = True
+            self.link.cancel(self.request_id)
+
+
+@dataclass(frozen=True)
+class CloudPlan:
+    """A turn that goes to the hub: what to send, and whether the device may finish it."""
+
+    link: TextLink
+    request: GenerateRequest
+    settings: CloudTextSettings
+    fallback: bool  # finish on the device when the hub fails (prefer_cloud, a heavy turn)

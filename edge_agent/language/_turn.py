@@ -1,0 +1,213 @@
+"""Starting a turn: checks, the preset's route, the stream. Shared by both agents.
+
+Everything here runs at call time, before any token: an invalid prompt,
+``max_tokens``, sampling or deadline raises ``InvalidInputError``, a preset
+that needs the hub raises ``TextOffloadUnavailableError``, and the prompt
+is tokenized. The model runs (or the turn is sent to the hub) when the
+stream is first read.
+
+Text offload is there when the agent has a broker and a
+``cloud_language_model`` (``CloudAccess``): ``prefer_cloud``, ``cloud_only``
+and a heavy ``prefer_edge`` turn go to the hub; the first two of those and
+the heavy one may fall back to the device (``CloudPlan.fallback``),
+``cloud_only`` may not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from shared import (
+    ConfigError,
+    GenerateRequest,
+    Limits,
+    TextSampling,
+    Topics,
+    new_request_id,
+    validate_name,
+)
+
+from .._errors import InvalidInputError, ModelLoadError
+from .._input_values import check_deadline
+from ._chat import Conversation
+from ._cloud import CloudPlan, CloudTextSettings, TextLink
+from ._presets import Preset, TextRoute, route_text
+from ._runtime import LanguageRuntime
+from ._stream import Sampling, TextStream
+
+if TYPE_CHECKING:
+    from .._device_link import DeviceLink
+
+__all__ = ["CloudAccess", "start_chat", "start_generate"]
+
+
+@dataclass(frozen=True)
+class CloudAccess:
+    """The agent's way to the hub for text: its link, device id and the hub's model name."""
+
+    link: TextLink
+    device_id: str
+    model: str
+    settings: CloudTextSettings
+
+    @classmethod
+    def open(
+        cls, link: DeviceLink, device_id: str, model: str, *, topics: Topics | None,
+        limits: Limits | None, settings: CloudTextSettings | None,
+    ) -> CloudAccess:  # fmt: skip
+        """Listen on the device's text topic (subscribed with its reply topic on every
+        connection, so before any turn is published on it); ``InvalidInputError`` for a
+        model name that cannot be a topic level."""
+        try:
+            validate_name(model, "cloud_language_model")
+        except ConfigError as e:
+            raise InvalidInputError(str(e)) from e
+        text_link = TextLink(link, device_id, topics=topics, limits=limits)
+        text_link.attach()
+        return cls(text_link, device_id, model, settings or CloudTextSettings())
+
+
+def _checked(
+    runtime: LanguageRuntime | None,
+    max_tokens: object,
+    sampling: Sampling | None,
+    deadline_ms: object,
+) -> tuple[LanguageRuntime, int, Sampling, float | None]:
+    if runtime is None:
+        raise ModelLoadError(
+            "this agent has no language model: give language_model= (an ONNX Runtime GenAI "
+            "model folder) to the agent"
+        )
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise InvalidInputError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+    if sampling is None:
+        sampling = Sampling()
+    elif not isinstance(sampling, Sampling):
+        raise InvalidInputError(f"sampling must be a Sampling, got {type(sampling).__name__}")
+    deadline = None if deadline_ms is None else check_deadline(deadline_ms)
+    return runtime, max_tokens, sampling, deadline
+
+
+def _stream(
+    runtime: LanguageRuntime,
+    ids: list[int],
+    prompt_total: int,
+    *,
+    max_tokens: int,
+    sampling: Sampling,
+    deadline_ms: float | None,
+    preset: str,
+    conversation: Conversation | None,
+    cloud: CloudAccess | None,
+    prompt_text: str,
+) -> TextStream:
+    if prompt_total >= runtime.context_length:
+        raise InvalidInputError(
+            f"the prompt is {prompt_total} tokens, the model's context is {runtime.context_length}"
+        )
+    chosen = Preset.parse(preset)
+    route = route_text(
+        chosen,
+        prompt_tokens=prompt_total,
+        max_tokens=max_tokens,
+        deadline_ms=deadline_ms,
+        rates=runtime.rates,
+        offload_available=cloud is not None,
+    )
+    plan = None
+    if route.side == "cloud":
+        assert cloud is not None
+        plan = _plan(cloud, prompt_text, max_tokens, sampling, deadline_ms, conversation, route)
+    return TextStream(
+        runtime, ids, max_tokens=max_tokens, sampling=sampling, deadline_ms=deadline_ms,
+        preset=chosen.value, route=route, conversation=conversation, cloud=plan,
+    )  # fmt: skip
+
+
+def _plan(
+    cloud: CloudAccess,
+    prompt_text: str,
+    max_tokens: int,
+    sampling: Sampling,
+    deadline_ms: float | None,
+    conversation: Conversation | None,
+    route: TextRoute,
+) -> CloudPlan:
+    wire = TextSampling()
+    if not sampling.greedy:
+        wire = TextSampling(
+            temperature=float(sampling.temperature or 1.0), top_p=sampling.top_p,
+            top_k=sampling.top_k, seed=sampling.seed,
+        )  # fmt: skip
+    request = GenerateRequest(
+        request_id=new_request_id(), model=cloud.model, max_tokens=max_tokens,
+        prompt=prompt_text, sampling=wire, device_id=cloud.device_id, timeout_ms=deadline_ms,
+        sent_at_ms=time.time() * 1000.0,
+        conversation=None if conversation is None else conversation.id,
+        turn=None if conversation is None else conversation.turns,
+    )  # fmt: skip
+    return CloudPlan(cloud.link, request, cloud.settings, fallback=route.reason != "cloud_only")
+
+
+def start_generate(
+    runtime: LanguageRuntime | None,
+    prompt: str,
+    *,
+    max_tokens: int,
+    sampling: Sampling | None,
+    deadline_ms: float | None,
+    preset: str,
+    cloud: CloudAccess | None = None,
+) -> TextStream:
+    model, max_tokens, sampling, deadline = _checked(runtime, max_tokens, sampling, deadline_ms)
+    if not isinstance(prompt, str) or not prompt:
+        raise InvalidInputError(f"the prompt must be non-empty text, got {prompt!r}")
+    if not prompt.isascii():
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidInputError(
+                f"the prompt is not valid Unicode (a lone surrogate?): {e}"
+            ) from e
+    ids = model.encode(prompt)
+    if not ids:
+        raise InvalidInputError("the prompt encodes to no tokens")
+    return _stream(
+        model, ids, len(ids), max_tokens=max_tokens, sampling=sampling, deadline_ms=deadline,
+        preset=preset, conversation=None, cloud=cloud, prompt_text=prompt,
+    )  # fmt: skip
+
+
+def start_chat(
+    runtime: LanguageRuntime | None,
+    messages: Sequence[Mapping[str, str]],
+    conversation: Conversation | None,
+    *,
+    max_tokens: int,
+    sampling: Sampling | None,
+    deadline_ms: float | None,
+    preset: str,
+    cloud: CloudAccess | None = None,
+) -> TextStream:
+    model, max_tokens, sampling, deadline = _checked(runtime, max_tokens, sampling, deadline_ms)
+    if conversation is None:
+        conversation = Conversation()
+    elif not isinstance(conversation, Conversation):
+        raise InvalidInputError(
+            f"conversation must be a Conversation, got {type(conversation).__name__}"
+        )
+    text = conversation._open_turn(messages)
+    try:
+        ids = model.encode(text)
+        return _stream(
+            model, ids, len(conversation.history) + len(ids), max_tokens=max_tokens,
+            sampling=sampling, deadline_ms=deadline, preset=preset, conversation=conversation,
+            cloud=cloud,
+            prompt_text=model.decode(conversation.history) + text if cloud is not None else text,
+        )  # fmt: skip
+    except BaseException:
+        conversation._abort_turn(keep_state=True)  # refused before it ran
+        raise

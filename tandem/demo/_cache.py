@@ -1,0 +1,55 @@
+"""The build cache's chores, shared by the digit models and the language models.
+
+Entries are built in a ``.tmp-*`` folder and renamed into place durably
+(``move_into_place``: every file and folder of the entry synced first, then
+the rename, then the cache folder); ``discard_entry`` and
+``remove_stale_temporaries`` clear what a replaced entry or an interrupted
+build leaves behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from pathlib import Path
+
+from shared import fsync_directory
+
+__all__ = ["discard_entry", "move_into_place", "remove_stale_temporaries"]
+
+STALE_TMP_S = 3600.0  # older than an hour: no live build is still writing there
+
+
+def discard_entry(directory: Path) -> None:
+    """Move a broken or replaced entry out of the way first, so the final name frees at once."""
+    aside = directory.with_name(f".tmp-discard-{directory.name}-{os.getpid()}")
+    os.replace(directory, aside)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def remove_stale_temporaries(root: Path, pattern: str = ".tmp-*") -> None:
+    """Clear what interrupted builds left behind (older than ``STALE_TMP_S``)."""
+    now = time.time()
+    for entry in root.glob(pattern):
+        with contextlib.suppress(OSError):
+            if now - entry.stat().st_mtime > STALE_TMP_S:
+                shutil.rmtree(entry, ignore_errors=True)
+
+
+def move_into_place(built: Path, final: Path) -> None:
+    """Rename the finished entry ``built`` to ``final`` so that a power cut never leaves
+    ``final`` with files that are named but empty: each file and folder of ``built`` is
+    fsynced before the rename, and the cache folder after it (``shared.fsync_directory``),
+    as ``shared.atomic_write_bytes`` does for one file."""
+    for folder, _, names in os.walk(built):
+        for name in names:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_directory(folder)
+    os.replace(built, final)
+    fsync_directory(final.parent)
