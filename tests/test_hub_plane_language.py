@@ -137,7 +137,9 @@ def plane(tmp_path_factory: pytest.TempPathFactory, mosquitto: MosquittoProcess)
     )
     port, log = free_port(), tmp_path_factory.mktemp("log") / "hub.log"
     prefix = f"tandem/{uuid.uuid4().hex[:8]}/v1"
-    extra = ("--workers", "2", "--prefix", prefix, "--log-level", "info")
+    # The tests kill the executor often and quickly: a short back-off cap keeps each restart
+    # within seconds (the default doubles to 30 s while a process keeps dying young).
+    extra = ("--workers", "2", "--prefix", prefix, "--log-level", "info", "--restart-max-s", "2")
     with tandem_hub(repo, mosquitto.url, port, log, *extra) as hub:
         yield Plane(hub, mosquitto.url, port, prefix, models.device_model,
                     load_model(models.hub_model), log)  # fmt: skip

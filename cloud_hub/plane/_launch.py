@@ -85,6 +85,7 @@ class HubServeSettings:
     cdn_poll_s: float = 30.0  # how often the CDN is asked for new versions
     log_level: str = "info"
     log_format: str = "text"
+    restart_max_s: float = 30.0  # the longest wait before a crashed process is restarted
 
     def problem(self) -> tuple[str, str] | None:
         """The first command-line mistake in these settings (``check_options``), or None."""
@@ -292,4 +293,5 @@ def plan(s: HubServeSettings) -> PlaneSpec:
         max_inflight_bytes=s.max_inflight_mib * MiB // max(1, s.http_workers),
         log_level=s.log_level.lower(),
         log_format=s.log_format.lower(),
+        restart_max_s=s.restart_max_s,
     )

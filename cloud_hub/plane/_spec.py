@@ -94,6 +94,7 @@ class PlaneSpec:
     max_inflight_bytes: int = 256 * 1024 * 1024  # per HTTP ingress process
     log_level: str = "info"
     log_format: str = "text"
+    restart_max_s: float = 30.0  # the longest wait before a crashed process is restarted
     parent_pid: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 

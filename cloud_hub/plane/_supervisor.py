@@ -19,12 +19,12 @@ through shared memory (``_ring``, ``_ipc``), so more of them add
 throughput without splitting batches.
 
 A child that dies while the hub runs is started again, after a back-off
-that doubles (from ``RESTART_MIN_S`` up to ``RESTART_MAX_S``) while the same
-slot keeps dying young; restarts are counted in the hub's metrics
-(``tandem_hub_process_restarts{role}``). What a dead child held is answered
-by the others (an executor's requests in flight: ``overloaded``, by their
-ingress) or left to the devices' deadlines (an ingress's): never answered
-with another request's outputs.
+that doubles (from ``RESTART_MIN_S`` up to the spec's ``restart_max_s``,
+``RESTART_MAX_S`` by default) while the same slot keeps dying young;
+restarts are counted in the hub's metrics (``tandem_hub_process_restarts{role}``).
+What a dead child held is answered by the others (an executor's requests in
+flight: ``overloaded``, by their ingress) or left to the devices' deadlines
+(an ingress's): never answered with another request's outputs.
 
 New versions come in without a restart: every ``repo_poll_s`` the
 supervisor reads the repository (``plan_executors``: each model's served
@@ -71,7 +71,7 @@ from ._roles import DRAIN_S
 from ._served_versions import ServedVersionsFile, served_changes
 from ._spec import ENV, ExecutorSpec, PlaneSpec, plan_executors
 
-__all__ = ["RESTART_MAX_S", "RESTART_MIN_S", "Child", "HubSupervisor"]
+__all__ = ["RESTART_MAX_S", "RESTART_MIN_S", "Child", "HubSupervisor", "next_backoff"]
 
 log = logging.getLogger(__name__)
 
@@ -380,9 +380,7 @@ class HubSupervisor:
     def _schedule_restart(self, child: Child, now: float) -> None:
         code = None if child.process is None else child.process.returncode
         lived = now - child.started_at
-        child.backoff_s = (
-            RESTART_MIN_S if lived > _STABLE_S else min(RESTART_MAX_S, child.backoff_s * 2)
-        )
+        child.backoff_s = next_backoff(child.backoff_s, lived, cap_s=self.spec.restart_max_s)
         child.due_at = now + child.backoff_s
         log.error(
             "hub %s (pid %s) exited with %s after %.1fs; restarting it in %.1fs",
@@ -392,6 +390,14 @@ class HubSupervisor:
             lived,
             child.backoff_s,
         )
+
+
+def next_backoff(backoff_s: float, lived_s: float, *, cap_s: float = RESTART_MAX_S) -> float:
+    """The wait before a dead child's restart: the last one doubled (up to ``cap_s``) while
+    it keeps dying young, ``RESTART_MIN_S`` again once it lived past ``_STABLE_S``."""
+    if lived_s > _STABLE_S:
+        return RESTART_MIN_S
+    return max(RESTART_MIN_S, min(cap_s, backoff_s * 2))
 
 
 def _mtime(path: Path) -> float:

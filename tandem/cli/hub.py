@@ -213,6 +213,15 @@ MaxInflightOption = Annotated[
         "(overloaded) at once instead of growing the hub's memory.",
     ),
 ]
+RestartMaxOption = Annotated[
+    float,
+    typer.Option(
+        "--restart-max-s",
+        min=0.5,
+        help="The longest wait before a crashed hub process is started again: the wait "
+        "doubles from 0.5 s while the same process keeps dying within 30 s of its start.",
+    ),
+]
 
 
 def hub(
@@ -246,6 +255,7 @@ def hub(
     cdn_token: CdnTokenOption = None,
     cdn_ca: CdnCaOption = None,
     cdn_poll_s: CdnPollOption = 30.0,
+    restart_max_s: RestartMaxOption = 30.0,
 ) -> None:
     """Serve a model repository to edge devices over MQTT, batching on the GPU when present.
 
