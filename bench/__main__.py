@@ -20,6 +20,7 @@ PARTS = {
     "rollout-gates": "bench.rollout_gates",  # (f)
     "learning-loop": "bench.learning_loop",  # (g)
     "language-models": "bench.language_models",  # (h1): a cold build of the LLM pair, ~4 min
+    "edge-generate": "bench.edge_generate",  # (h): EdgeAgent.generate vs og's loop, footprint
     "hub-generate": "bench.hub_generate",  # (h2): the hub's engine over HTTP, kept KV caches
 }
 
