@@ -30,9 +30,12 @@ thread) or enough text is pending; each has the next ``seq``, and the final
 follows the last chunk. A turn still running when its request's budget
 (``timeout_ms``) is spent is cancelled and ends ``deadline``. ``stop``
 answers every turn still running with an ``overloaded`` final (the device
-finishes it elsewhere at once) and cancels it in the engine. The
-conversation a request names is not used yet (the engine keeps no KV cache
-across turns here); ``share`` is not acted on (nothing collects text yet).
+finishes it elsewhere at once) and cancels it in the engine. A request that
+names a conversation continues the engine's kept conversation of that id for
+that device (``_conversation``: a device can never reach another's), where
+the prompt repeats its history; which replica holds it is not yet known to
+the device (shared subscriptions spread turns, and another replica
+re-prefills). ``share`` is not acted on (nothing collects text yet).
 """
 
 from __future__ import annotations
