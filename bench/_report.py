@@ -16,10 +16,12 @@ not rerun keeps its last figures (with its own date and hardware line).
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESULTS_DIR", "render", "write_markdown", "write_result"]
+__all__ = ["RESULTS_DIR", "publish", "render", "write_markdown", "write_result"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 MARKDOWN = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
@@ -40,6 +42,21 @@ def write_result(result: dict[str, Any], results_dir: Path = RESULTS_DIR) -> Pat
     path = results_dir / f"{result['part']}.json"
     path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
     return path
+
+
+def publish(run: Callable[[], dict[str, Any]]) -> int:
+    """One part run from its own command line: timed, its hardware added, written, printed."""
+    from ._env import hardware
+
+    started = time.perf_counter()
+    result = run()
+    result["duration_s"] = round(time.perf_counter() - started, 1)
+    result["hardware"] = hardware()
+    path = write_result(result)
+    for target in result["targets"]:
+        print(f"[bench] {target['name']}: {target['measured']} (target {target['target']})")
+    print(f"[bench] wrote {path}")
+    return 0
 
 
 def write_markdown(results_dir: Path = RESULTS_DIR, path: Path = MARKDOWN) -> Path:

@@ -178,22 +178,13 @@ def _footprint_table(foot: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ._env import hardware
-    from ._report import write_result
+    from ._report import publish
 
     parser = argparse.ArgumentParser(prog="python -m bench.edge_generate", description=__doc__)
     parser.add_argument("--model", type=Path, help="an ONNX Runtime GenAI device model folder")
     parser.add_argument("--rounds", type=int, default=200, help="measured rounds (default 200)")
     args = parser.parse_args(argv)
-    started = time.perf_counter()
-    result = run(args.model, rounds=args.rounds)
-    result["duration_s"] = round(time.perf_counter() - started, 1)
-    result["hardware"] = hardware()
-    path = write_result(result)
-    for target in result["targets"]:
-        print(f"[bench] {target['name']}: {target['measured']} (target {target['target']})")
-    print(f"[bench] wrote {path}")
-    return 0
+    return publish(lambda: run(args.model, rounds=args.rounds))
 
 
 if __name__ == "__main__":

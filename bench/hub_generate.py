@@ -285,21 +285,12 @@ def _tables(
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from ._env import hardware
-    from ._report import write_result
+    from ._report import publish
 
     parser = argparse.ArgumentParser(prog="python -m bench.hub_generate", description=__doc__)
     parser.add_argument("--model", type=Path, help="an ONNX Runtime GenAI model folder")
     args = parser.parse_args(argv)
-    started = time.perf_counter()
-    result = run(args.model)
-    result["duration_s"] = round(time.perf_counter() - started, 1)
-    result["hardware"] = hardware()
-    path = write_result(result)
-    for target in result["targets"]:
-        print(f"[bench] {target['name']}: {target['measured']} (target {target['target']})")
-    print(f"[bench] wrote {path}")
-    return 0
+    return publish(lambda: run(args.model))
 
 
 if __name__ == "__main__":

@@ -140,8 +140,7 @@ def run(cache: Path | None = None, *, rebuild: bool = True) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ._env import hardware
-    from ._report import write_result
+    from ._report import publish
 
     parser = argparse.ArgumentParser(prog="python -m bench.language_models", description=__doc__)
     parser.add_argument(
@@ -153,15 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         help="reuse a cached pair (then the build time is a load)",
     )
     args = parser.parse_args(argv)
-    started = time.perf_counter()
-    result = run(args.cache, rebuild=not args.no_rebuild)
-    result["duration_s"] = round(time.perf_counter() - started, 1)
-    result["hardware"] = hardware()
-    path = write_result(result)
-    for target in result["targets"]:
-        print(f"[bench] {target['name']}: {target['measured']} (target {target['target']})")
-    print(f"[bench] wrote {path}")
-    return 0
+    return publish(lambda: run(args.cache, rebuild=not args.no_rebuild))
 
 
 if __name__ == "__main__":

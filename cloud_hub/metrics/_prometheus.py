@@ -333,38 +333,16 @@ class _BatcherCollector:
 
     @staticmethod
     def _families() -> dict[str, Any]:
-        labels = list(_MODEL)
+        kinds = {
+            "count": (CounterMetricFamily, "tandem_inference_count"),
+            "exec": (CounterMetricFamily, "tandem_inference_exec_count"),
+            "batch": (HistogramMetricFamily, "tandem_batch_size"),
+            "depth": (GaugeMetricFamily, "tandem_queue_depth"),
+            "rejected": (CounterMetricFamily, "tandem_overload_rejections"),
+            "executor": (InfoMetricFamily, "tandem_executor"),
+        }
         return {
-            "count": CounterMetricFamily(
-                "tandem_inference_count",
-                HELP["tandem_inference_count"],
-                labels=labels,
-            ),
-            "exec": CounterMetricFamily(
-                "tandem_inference_exec_count",
-                HELP["tandem_inference_exec_count"],
-                labels=labels,
-            ),
-            "batch": HistogramMetricFamily(
-                "tandem_batch_size",
-                HELP["tandem_batch_size"],
-                labels=labels,
-            ),
-            "depth": GaugeMetricFamily(
-                "tandem_queue_depth",
-                HELP["tandem_queue_depth"],
-                labels=labels,
-            ),
-            "rejected": CounterMetricFamily(
-                "tandem_overload_rejections",
-                HELP["tandem_overload_rejections"],
-                labels=labels,
-            ),
-            "executor": InfoMetricFamily(
-                "tandem_executor",
-                HELP["tandem_executor"],
-                labels=labels,
-            ),
+            key: kind(name, HELP[name], labels=list(_MODEL)) for key, (kind, name) in kinds.items()
         }
 
 

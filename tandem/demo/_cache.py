@@ -4,7 +4,8 @@ Entries are built in a ``.tmp-*`` folder and renamed into place durably
 (``move_into_place``: every file and folder of the entry synced first, then
 the rename, then the cache folder); ``discard_entry`` and
 ``remove_stale_temporaries`` clear what a replaced entry or an interrupted
-build leaves behind.
+build leaves behind; ``build_into_cache`` is the whole sequence around one
+build.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from shared import fsync_directory
 
-__all__ = ["discard_entry", "move_into_place", "remove_stale_temporaries"]
+__all__ = ["build_into_cache", "discard_entry", "move_into_place", "remove_stale_temporaries"]
 
 STALE_TMP_S = 3600.0  # older than an hour: no live build is still writing there
 
@@ -53,3 +56,39 @@ def move_into_place(built: Path, final: Path) -> None:
         fsync_directory(folder)
     os.replace(built, final)
     fsync_directory(final.parent)
+
+
+def build_into_cache(
+    final: Path,
+    tag: str,
+    build: Callable[[Path], None],
+    loads: Callable[[Path], bool],
+    *,
+    rebuild: bool,
+    error: Callable[[str], Exception],
+    stale: str = ".tmp-*",
+) -> None:
+    """Build the entry ``final`` in ``.tmp-{tag}-*`` beside it and move it into place.
+
+    An entry a concurrent build put there meanwhile is kept when ``loads(final)``
+    (unless ``rebuild``), else discarded and replaced. A cache folder that cannot
+    be made raises ``error(message)``; the temporary folder never outlives the call.
+    Interrupted builds' folders matching ``stale`` are cleared first.
+    """
+    root = final.parent
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise error(f"cannot create the model cache {root}: {e}") from e
+    remove_stale_temporaries(root, stale)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{tag}-", dir=root))
+    try:
+        build(tmp)
+        if final.exists():
+            if not rebuild and loads(final):
+                return  # a concurrent build won; keep its result
+            discard_entry(final)
+        move_into_place(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

@@ -32,7 +32,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from ._cache import discard_entry, move_into_place, remove_stale_temporaries
+from ._cache import build_into_cache
 from .data import DigitSplits, load_digit_splits
 
 if TYPE_CHECKING:
@@ -172,22 +171,14 @@ def build_demo_models(
         if cached is not None:
             report_progress("load cached models", 1.0)
             return cached
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise RuntimeError(f"cannot create the model cache {root}: {e}") from e
-    remove_stale_temporaries(root)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{recipe.key()}-", dir=root))
-    try:
-        _build(tmp, recipe, report_progress)
-        if final.exists():
-            if not rebuild and _load(final, recipe) is not None:
-                return _load_or_fail(final, recipe)  # a concurrent build won; keep its result
-            discard_entry(final)
-        move_into_place(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    build_into_cache(
+        final,
+        recipe.key(),
+        lambda tmp: _build(tmp, recipe, report_progress),
+        lambda entry: _load(entry, recipe) is not None,
+        rebuild=rebuild,
+        error=RuntimeError,
+    )
     return _load_or_fail(final, recipe)
 
 

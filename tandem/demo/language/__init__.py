@@ -41,15 +41,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._cache import discard_entry, move_into_place, remove_stale_temporaries
+from .._cache import build_into_cache
 from ..models import default_cache_dir
 from ._corpus import TextSplits, load_text_splits
 from ._demo_output import LlmDemoFiles, plot_presets, write_llm_outputs
@@ -169,22 +167,15 @@ def build_language_models(
         if cached is not None:
             report_progress("load cached language models", 1.0)
             return cached
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise LanguageBuildError(f"cannot create the model cache {root}: {e}") from e
-    remove_stale_temporaries(root, ".tmp-lm-*")
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-lm-{key}-", dir=root))
-    try:
-        _build_entry(tmp, recipe, key, report_progress, threads or _default_threads())
-        if final.exists():
-            if not rebuild and _load(final, key) is not None:
-                return _load_or_fail(final, key)  # a concurrent build won; keep its result
-            discard_entry(final)
-        move_into_place(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    build_into_cache(
+        final,
+        f"lm-{key}",
+        lambda tmp: _build_entry(tmp, recipe, key, report_progress, threads or _default_threads()),
+        lambda entry: _load(entry, key) is not None,
+        rebuild=rebuild,
+        error=LanguageBuildError,
+        stale=".tmp-lm-*",
+    )
     return _load_or_fail(final, key)
 
 
