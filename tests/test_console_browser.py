@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
@@ -261,7 +262,9 @@ def _walk_through(console: Console, chromium: Any, tmp_path: Path) -> None:
             "accept_inconclusive": True,  # 4 vs 4 devices: it judges on, for the page to show
         },
     )["id"]
-    wait = WebDriverWait(driver, 120)  # a loaded machine: minutes, not seconds
+    wait = WebDriverWait(  # a loaded machine: minutes, not seconds; the page re-renders every 2 s
+        driver, 120, ignored_exceptions=(StaleElementReferenceException,)
+    )
 
     # A reader: the fleet by site, with data from the running CDN.
     _sign_in(driver, url, console.reader)
@@ -279,7 +282,7 @@ def _walk_through(console: Console, chromium: Any, tmp_path: Path) -> None:
     wait.until(lambda d: "health inconclusive" in _text(d, "rollouts"))  # a long "now"
     assert _cut_off(driver, "#rollouts td") == []
     driver.save_screenshot(str(shots / "console-rollouts.png"))
-    driver.find_element(By.LINK_TEXT, rid).click()
+    _click(driver, rid, By.LINK_TEXT)
     wait.until(lambda d: "agreement" in _text(d, "judgements"))
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "svg.plot polyline"))
     judgements = _text(driver, "judgements")
@@ -309,17 +312,17 @@ def _walk_through(console: Console, chromium: Any, tmp_path: Path) -> None:
     driver.save_screenshot(str(shots / "console-models.png"))
 
     # An operator: pause, with a confirmation, changes the rollout.
-    driver.find_element(By.ID, "logout").click()
+    _click(driver, "logout")
     _sign_in(driver, url, console.admin)
     assert "can act" in _text(driver, "who")
     driver.get(f"{url}/console/#/rollouts/{rid}")
     wait.until(lambda d: d.find_elements(By.ID, "action-pause"))
     wait.until(lambda d: d.find_element(By.ID, "action-pause").is_enabled())
-    driver.find_element(By.ID, "action-pause").click()
+    _click(driver, "action-pause")
     wait.until(lambda d: d.find_element(By.ID, "confirm").is_displayed())
     assert rid in _text(driver, "confirm-text")
     assert console.api("GET", f"/v1/rollouts/{rid}")["state"] == "running"  # not yet
-    driver.find_element(By.ID, "confirm-ok").click()
+    _click(driver, "confirm-ok")
     _wait(lambda: console.api("GET", f"/v1/rollouts/{rid}")["state"] == "paused", 30)
     wait.until(lambda d: d.find_element(By.ID, "action-resume").is_enabled())
     _screenshot(driver, shots / "console-rollout-paused.png")
@@ -328,17 +331,17 @@ def _walk_through(console: Console, chromium: Any, tmp_path: Path) -> None:
 
     # Skip gate (issue 21): a confirm dialog with a reason; cancelling changes nothing.
     wait.until(lambda d: d.find_element(By.ID, "action-skip-gate").is_enabled())
-    driver.find_element(By.ID, "action-skip-gate").click()
+    _click(driver, "action-skip-gate")
     wait.until(lambda d: d.find_element(By.ID, "skip-reason").is_displayed())
     assert "without its judgement" in _text(driver, "confirm-text")
-    driver.find_element(By.ID, "confirm-cancel").click()
+    _click(driver, "confirm-cancel")
     assert not driver.find_elements(By.ID, "skip-reason")
     history = console.api("GET", f"/v1/rollouts/{rid}")["history"]
     assert [e["action"] for e in history] == ["start", "pause"]
-    driver.find_element(By.ID, "action-skip-gate").click()
+    _click(driver, "action-skip-gate")
     wait.until(lambda d: d.find_element(By.ID, "skip-reason").is_displayed())
     driver.find_element(By.ID, "skip-reason").send_keys("checked the cameras by hand")
-    driver.find_element(By.ID, "confirm-ok").click()
+    _click(driver, "confirm-ok")
     _wait(
         lambda: console.api("GET", f"/v1/rollouts/{rid}")["history"][-1]["action"] == "skip-gate",
         30,
@@ -443,12 +446,11 @@ def test_the_fleet_page_pages_and_filters_ten_thousand_devices(
         c.registry.close()
 
 
-def _click(driver: Any, element_id: str) -> None:
-    """Click the element with this id; found again if a refresh replaced it meanwhile."""
-    from selenium.common.exceptions import StaleElementReferenceException
-
+def _click(driver: Any, what: str, by: str = By.ID) -> None:
+    """Click the element ``by`` finds as ``what`` (an id unless told); found again if a
+    refresh replaced it between finding and clicking (the page re-renders every 2 s)."""
     WebDriverWait(driver, 30, ignored_exceptions=(StaleElementReferenceException,)).until(
-        lambda d: d.find_element(By.ID, element_id).click() or True
+        lambda d: d.find_element(by, what).click() or True
     )
 
 
