@@ -1,7 +1,7 @@
 """Triton's statistics and repository extensions on a real hub behind a real uvicorn,
 read with Triton's own ``tritonclient.http`` (the oracle): the counts match the
-requests sent, the repository index lists what is served, load and unload are
-refused with 400 naming what is supported, and with API keys only an admin key
+requests sent, the repository index lists what is served, the embedded hub
+refuses load and unload with 400 naming what serves them, and with API keys only an admin key
 (``rollout:admin``) reads them.
 """
 
@@ -119,14 +119,14 @@ def test_repository_index_lists_what_is_served(triton: Any, hub: Hub, client: ht
     assert client.post("/v2/repository/index", json={"ready": "yes"}).status_code == 400
 
 
-def test_load_and_unload_are_refused_naming_what_is_supported(
+def test_the_embedded_hub_refuses_load_and_unload_naming_what_serves_them(
     triton: Any, client: httpx.Client
 ) -> None:
     for action in ("load", "unload"):
         response = client.post(f"/v2/repository/models/linear/{action}")
         assert response.status_code == 400
         assert "not supported" in response.json()["error"]
-        assert "/stats" in response.json()["error"]
+        assert "tandem hub serves load and unload" in response.json()["error"]
     with pytest.raises(InferenceServerException, match="not supported"):
         triton.load_model("linear")
     assert triton.is_model_ready("linear")  # nothing was unloaded

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -153,3 +154,60 @@ def test_hubs_pull_a_new_version_and_swap_it_in_while_devices_stream(
         )
     for i in range(2):  # each hub pulled both versions into its own repository
         assert sorted(p.name for p in (tmp_path / f"hub{i}" / "lin").iterdir()) == ["1", "2"]
+
+
+@pytest.mark.slow
+def test_a_load_of_a_version_the_repository_lacks_pulls_it_from_the_cdn_first(
+    cdn: tuple[_Cdn, str], tmp_path: Path
+) -> None:
+    from ._brokers import free_port
+
+    made, url = cdn
+    made.publish(2)
+    port, repo = free_port(), tmp_path / "hub"
+    repo.mkdir()
+    command = [
+        sys.executable, "-m", "cloud_hub", "--repo", str(repo), "--http-port", str(port),
+        "--log-level", "warning", "--cdn", url, "--model", "lin@2",
+        "--trusted-key", str(made.key_file), "--cdn-poll-s", "60", "--repo-poll-s", "0.5",
+    ]  # fmt: skip
+    with (tmp_path / "hub.log").open("ab") as out:
+        hub = subprocess.Popen(
+            command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    base = f"http://127.0.0.1:{port}/v2"
+    x = np.random.default_rng(4).normal(size=(2, 16)).astype(np.float32)
+
+    def served() -> tuple[str, np.ndarray]:
+        body = {"inputs": [{"name": "x", "shape": [2, 16], "datatype": "FP32",
+                            "data": x.ravel().tolist()}]}  # fmt: skip
+        answer = httpx.post(f"{base}/models/lin/infer", json=body, timeout=30).json()
+        logits = np.asarray(answer["outputs"][0]["data"], np.float32).reshape(2, 4)
+        return str(answer["model_version"]), logits
+
+    try:
+
+        def ready() -> bool:
+            try:
+                return httpx.get(f"{base}/health/ready", timeout=5).status_code == 200
+            except httpx.HTTPError:
+                assert hub.poll() is None, (tmp_path / "hub.log").read_text()[-2000:]
+                return False
+
+        wait_until(ready, timeout_s=60, what="the hub to serve")
+        assert served()[0] == "2" and sorted(p.name for p in (repo / "lin").iterdir()) == ["2"]
+        loaded = httpx.post(f"{base}/repository/models/lin/load",
+                            json={"parameters": {"version": "1"}}, timeout=120)  # fmt: skip
+        assert loaded.status_code == 200, loaded.text
+        version, logits = served()
+        weight, bias = _weights(1)
+        assert version == "1"
+        np.testing.assert_allclose(logits, x @ weight + bias, rtol=1e-5, atol=1e-5)
+        assert sorted(p.name for p in (repo / "lin").iterdir()) == ["1", "2"]
+        absent = httpx.post(f"{base}/repository/models/lin/load",
+                            json={"parameters": {"version": "7"}}, timeout=120)  # fmt: skip
+        assert absent.status_code == 400 and "version 7 not pulled" in absent.text
+        assert served()[0] == "1"
+    finally:
+        hub.terminate()
+        hub.wait(30)

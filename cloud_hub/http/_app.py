@@ -99,7 +99,7 @@ from ._codec import (
 )
 from ._errors import describe, error_response, http_error, hub_error, validation_error
 from ._openai import TokenBudget, openai_router
-from ._repository import add_repository_routes
+from ._repository import ModelController, add_repository_routes
 from ._schemas import (
     ErrorResponse,
     InferenceRequest,
@@ -158,6 +158,7 @@ class ServedHub:
     missing: Callable[[], list[str]] | None = None  # what else readiness waits for (a broker)
     language: LanguageModels | None = None  # served by the OpenAI routes (/v1), if any
     statistics: Callable[[str, str], ModelCounts] | None = None  # counts of model@version
+    control: ModelController | None = None  # repository load and unload (tandem hub)
 
 
 def create_app(
@@ -215,7 +216,13 @@ def create_app(
         response_model=ReadyResponse,
         responses={503: _ERRORS[503]},
     )
-    add_repository_routes(router, hub.dispatcher, hub.statistics)  # before /models/{name}
+    add_repository_routes(  # before /models/{name}
+        router,
+        hub.dispatcher,
+        hub.statistics,
+        hub.control,
+        lambda: [m.name for m in language] if language is not None else [],
+    )
     for path, handlers in (
         ("/models/{model_name}", _unversioned(api)),
         ("/models/{model_name}/versions/{model_version}", _versioned(api)),

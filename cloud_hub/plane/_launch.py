@@ -217,6 +217,7 @@ def serve(settings: HubServeSettings) -> None:
         http_workers=s.http_workers if s.http_port else 0,
         repo_poll_s=s.repo_poll_s,
         device=s.device,
+        fetch=None if puller is None else lambda m, v: puller.pull_version(m, int(v)),
     )
     stop = threading.Event()
     if puller is not None:  # new versions land in the repository; its watch swaps them in

@@ -53,6 +53,7 @@ from ._executor_loop import ExecutorLoop
 from ._executor_pool import ExecutorPool
 from ._ipc import ExecutorConnection
 from ._llm_client import LanguageClient
+from ._model_control import ControlClient
 from ._served_versions import ServedVersionsFile
 from ._spec import PlaneSpec
 
@@ -292,6 +293,7 @@ def run_http_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
             _missing(spec, language),
             language if len(language) else None,
             metrics.model_counts,
+            ControlClient(spec.control_dir) if spec.control_dir else None,
         ),
         api_keys=guard,
         max_json_bytes=spec.max_json_bytes,

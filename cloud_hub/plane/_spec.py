@@ -16,7 +16,7 @@ import logging
 import shutil
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,7 @@ class PlaneSpec:
     repo: str
     metrics_dir: str
     served_file: str = ""  # where the supervisor keeps the served versions once it runs
+    control_dir: str = ""  # where ingress asks the supervisor to load or unload (_model_control)
     executors: tuple[ExecutorSpec, ...]
     language: tuple[LanguageExecutorSpec, ...] = ()
     broker: str | None = None  # the URL as given, credentials included
@@ -147,17 +148,28 @@ def gpu_count() -> int:
 
 
 def plan_executors(
-    repo: str | Path, hub_id: str, *, device: str | None = None, gpus: int | None = None
+    repo: str | Path,
+    hub_id: str,
+    *,
+    device: str | None = None,
+    gpus: int | None = None,
+    pinned: Mapping[str, str] | None = None,
 ) -> tuple[ExecutorSpec, ...]:
     """One ``ExecutorSpec`` per model instance: ``instance_group`` expanded on this machine.
 
     ``device`` (``cpu``, ``cuda:N``) overrides every model's groups with one
-    instance there, as ``tandem hub --device`` does.
+    instance there, as ``tandem hub --device`` does. ``pinned`` (model -> version,
+    an explicit load's) serves that version instead of the repository's choice,
+    where its directory exists.
     """
     count = gpu_count() if gpus is None else gpus
     specs: list[ExecutorSpec] = []
     for name, config in model_configs(repo).items():
-        version = str(served_version(Path(repo) / name, config))
+        pin = (pinned or {}).get(name)
+        if pin is not None and (Path(repo) / name / pin).is_dir():
+            version = pin
+        else:
+            version = str(served_version(Path(repo) / name, config))
         if device is not None:
             devices: list[str | None] = [device]
         else:

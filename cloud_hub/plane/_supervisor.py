@@ -37,6 +37,13 @@ A version that fails to load leaves the old one serving (it is not tried
 again until its directory changes). Copy a new version into place
 atomically (write it beside, then rename the directory).
 
+An operator can also choose (Triton's repository ``load`` and ``unload``,
+asked through an HTTP ingress: ``_model_control``): a load pins a version
+(pulled first through ``fetch``, the hub's CDN puller, when the repository
+lacks it) and swaps it in the same way, an unload retires the model's
+executors; each request is looked at within one watch tick, and answered once
+done or with why it cannot be.
+
 A signal stops restarts at once and ends a start still waiting for its
 children. ``stop`` (SIGTERM or SIGINT to ``run_forever``) drains in reverse: the
 ingress processes first (they unsubscribe and wait for their requests in
@@ -59,6 +66,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -67,6 +75,7 @@ from .._errors import HubError
 from ..metrics._book import BookDumper, MetricsBook
 from ._child import READY_FD_ENV
 from ._executor_pool import ServedVersion
+from ._model_control import ModelControl
 from ._roles import DRAIN_S
 from ._served_versions import ServedVersionsFile, served_changes
 from ._spec import ENV, ExecutorSpec, PlaneSpec, plan_executors
@@ -122,6 +131,7 @@ class HubSupervisor:
         ready_timeout_s: float = 600.0,
         repo_poll_s: float = 2.0,
         device: str | None = None,
+        fetch: Callable[[str, str], None] | None = None,
     ) -> None:
         if mqtt_workers < 0 or http_workers < 0:
             raise ValueError("worker counts must be >= 0")
@@ -132,8 +142,12 @@ class HubSupervisor:
             spec,
             metrics_dir=str(self.metrics_dir),
             served_file=str(self.run_dir / "routes.json"),  # the file name kept from older releases
+            control_dir=str(self.run_dir / "control"),
             parent_pid=os.getpid(),
         )
+        self.control = ModelControl(self.spec.control_dir)
+        self.fetch = fetch  # (model, version): into the repository, from the CDN (--cdn)
+        self._load_errors: dict[str, tuple[str, str]] = {}  # model -> (version, why it failed)
         self.served = dict(self.spec.served_versions())
         self._served_file = ServedVersionsFile(self.spec.served_file)
         self.repo_poll_s = repo_poll_s
@@ -303,15 +317,26 @@ class HubSupervisor:
                     except OSError:
                         log.exception("cannot restart hub %s", child.name)
 
-            if self.repo_poll_s and now >= self._next_poll and not self._stopping.is_set():
+            asked = self.control.poll()  # an operator's load or unload: at once
+            if asked:  # a load asked for by name is tried again, even if it failed before
+                loading = self.control.loading()
+                self._failed = {k: t for k, t in self._failed.items() if k[0] not in loading}
+            due = bool(self.repo_poll_s) and now >= self._next_poll
+            if (asked or due) and not self._stopping.is_set():
                 self._next_poll = now + self.repo_poll_s
+                self._fetch_wanted()
+                self._refuse_unloadable()
                 self._check_repository()
 
     # -- versions -------------------------------------------------------------------------
 
     def _check_repository(self) -> None:
         try:
-            desired = plan_executors(self.spec.repo, self.spec.hub_id, device=self.device)
+            desired = self.control.restrict(
+                plan_executors(
+                    self.spec.repo, self.spec.hub_id, device=self.device, pinned=self.control.pinned
+                )
+            )
         except (HubError, OSError) as e:  # a config being edited, a directory being copied
             log.warning("repository %s not read this time: %s", self.spec.repo, e)
             return
@@ -327,6 +352,41 @@ class HubSupervisor:
             del self.served[model]
             self._served_file.write(self.served)
             self._retire(model, keep=None)
+        self.control.settle(
+            {m: v.version for m, v in self.served.items()}, self._not_loadable, self._load_error
+        )
+
+    def _fetch_wanted(self) -> None:
+        """Pull each version an operator asked to load that the repository lacks (--cdn)."""
+        for model, version in self.control.wanted():
+            if self.fetch is None or (Path(self.spec.repo) / model / version).is_dir():
+                continue
+            try:
+                self.fetch(model, version)
+            except Exception as e:  # the CDN's answer, whatever it is, becomes the load's
+                self._load_errors[model] = (version, f"version {version} not pulled: {e}")
+
+    def _refuse_unloadable(self) -> None:
+        """Answer the loads that cannot be done before planning, so none moves what serves."""
+        self.control.settle(
+            {m: v.version for m, v in self.served.items()}, self._not_loadable, lambda m, v: None
+        )
+
+    def _not_loadable(self, model: str, version: str | None) -> str | None:
+        folder = Path(self.spec.repo) / model
+        if not folder.is_dir():
+            return f"model {model} is not in the repository"
+        if version is not None and not (folder / version).is_dir():
+            if model in self._load_errors and self._load_errors[model][0] == version:
+                return self._load_errors[model][1]
+            return f"version {version} of model {model} is not in the repository"
+        return None
+
+    def _load_error(self, model: str, version: str | None) -> str | None:
+        failed = self._load_errors.get(model)
+        if failed is None or version not in (None, failed[0]):
+            return None
+        return failed[1]
 
     def _swap_in(self, model: str, specs: list[ExecutorSpec]) -> bool:
         """Start ``specs`` (one model's new version), then serve from them; False if they fail."""
@@ -339,6 +399,7 @@ class HubSupervisor:
             for child in fresh:
                 self._spawn(child, wait=True)  # loaded and warmed up before any request
         except HubError as e:
+            self._load_errors[model] = (version, f"version {version} did not load: {e}")
             _terminate([c.process for c in fresh], 5.0)
             self.book.inc("tandem_hub_version_load_failures", (model,))
             self._dumper.close()
@@ -350,6 +411,7 @@ class HubSupervisor:
                 "it is not served" if old is None else f"version {old.version} keeps serving",
             )
             return False
+        self._load_errors.pop(model, None)
         with self._lock:
             self.children += fresh
         self.served[model] = ServedVersion(version, tuple(s.address for s in specs))

@@ -40,6 +40,7 @@ import logging
 import re
 import shutil
 import ssl
+import threading
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -114,6 +115,7 @@ class ModelPuller:
         self.max_blob_bytes = max_blob_bytes
         self.packages = packages  # False: refuse language model packages (the process plane)
         self._context = _ssl_context(tls) if cdn_url.startswith("https://") else None
+        self._lock = threading.Lock()  # the poll's thread and an operator's load
 
     def pull(self) -> list[str]:
         """Fetch what is new; returns ``name@version`` of each model written. Never raises
@@ -121,13 +123,20 @@ class ModelPuller:
         written = []
         for model in self.models:
             try:
-                version = self._pull(model)
+                with self._lock:
+                    version = self._pull(model)
             except (TandemError, OSError, ValueError) as e:
                 log.warning("model %s not pulled from %s: %s", model.name, self.paths.base, e)
                 continue
             if version is not None:
                 written.append(f"{model.name}@{version}")
         return written
+
+    def pull_version(self, name: str, version: int) -> None:
+        """Fetch ``name@version`` into the repository now (an operator's load asked for it);
+        raises what stops it (``TandemError``, ``OSError``, ``ValueError``)."""
+        with self._lock:
+            self._pull(PulledModel(name, version))
 
     def have(self, name: str) -> list[int]:
         """The versions of ``name`` in the repository."""
