@@ -1,0 +1,114 @@
+"""What the text bench parts count, without I/O (bench part h, issue 22 item 9).
+
+``audit`` reads one turn as the device reported it (its ``TextChunk`` list as
+``(index, source, text)`` and its ``GenerationRecord``'s fields) against what
+the models say the turn must be, and names every way it is not whole:
+
+* ``lost``: the turn raised, or ended without a result, an error or no text;
+* an index delivered twice (``repeated index``) or skipped (``missing index``);
+* the record's text not the chunks' text joined (``text != chunks``);
+* the hub's text not a prefix of the hub model's greedy text (a hub chunk
+  repeated or missed in the middle: ``hub text``);
+* a chunk of the hub's after one of the device's (``source order``);
+* the device's continuation not the device model's greedy text after the
+  prompt and the hub's text (text repeated or missed at the splice:
+  ``splice``);
+* a turn that ended whole at the hub shorter than its greedy text
+  (``hub text short``).
+
+``outcome`` says who finished a whole turn: ``hub`` (every chunk the hub's),
+``degraded`` (the hub's text, then the device's) or ``local`` (the device's
+only). ``wire_repeats`` counts the hub's chunks a spy saw twice on the wire
+(the device's reorder buffer drops them). ``tpot_s`` is time per output
+token: from the first token to the last, over ``tokens - 1``; the targets
+compare ``ratio_of_medians``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["TurnSeen", "audit", "outcome", "ratio_of_medians", "tpot_s", "wire_repeats"]
+
+CLOUD, EDGE = "cloud", "edge"
+
+
+@dataclass(frozen=True)
+class TurnSeen:
+    """One turn as the device reported it, and what the models say it must be.
+
+    ``local_expected`` is the device model's greedy continuation after the
+    prompt and the hub's text (``None``: not computed, the turn had no device
+    text); ``hub_expected`` the hub model's greedy text for the prompt.
+    """
+
+    chunks: tuple[tuple[int, str, str], ...]  # (index, source, text) in delivery order
+    text: str | None  # record.text; None: no record
+    error: str | None  # record.error, or what the stream raised
+    degraded: bool
+    hub_expected: str
+    local_expected: str | None = None
+    raised: bool = False
+
+
+def _cloud_local(turn: TurnSeen) -> tuple[str, str]:
+    cloud = "".join(t for _, s, t in turn.chunks if s == CLOUD)
+    local = "".join(t for _, s, t in turn.chunks if s == EDGE)
+    return cloud, local
+
+
+def audit(turn: TurnSeen) -> list[str]:
+    """Every way ``turn`` is not whole (empty: whole)."""
+    if turn.raised or turn.text is None or turn.error is not None or not turn.text:
+        return ["lost"]
+    problems = []
+    indexes = [i for i, _, _ in turn.chunks]
+    if any(n > 1 for n in Counter(indexes).values()):
+        problems.append("repeated index")
+    if sorted(set(indexes)) != list(range(len(set(indexes)))):
+        problems.append("missing index")
+    if turn.text != "".join(t for _, _, t in turn.chunks):
+        problems.append("text != chunks")
+    sources = [s for _, s, _ in turn.chunks]
+    if sources != sorted(sources, key=lambda s: s != CLOUD):
+        problems.append("source order")
+    cloud, local = _cloud_local(turn)
+    if not turn.hub_expected.startswith(cloud):
+        problems.append("hub text")
+    if local and local != turn.local_expected:
+        problems.append("splice")
+    if not local and cloud != turn.hub_expected:
+        problems.append("hub text short")
+    return problems
+
+
+def outcome(turn: TurnSeen) -> str:
+    """``lost``, ``hub``, ``degraded`` or ``local``: who finished the turn."""
+    if audit(turn) == ["lost"]:
+        return "lost"
+    cloud, local = _cloud_local(turn)
+    if not local:
+        return "hub"
+    return "degraded" if cloud else "local"
+
+
+def wire_repeats(frames: Iterable[tuple[str, str, int]]) -> int:
+    """Frames ``(request id, kind, seq)`` seen more than once, beyond their first."""
+    seen = Counter(frames)
+    return sum(n - 1 for n in seen.values())
+
+
+def tpot_s(first_s: float, last_s: float, tokens: int) -> float | None:
+    """Time per output token: from the first token's arrival to the last's, over the
+    ``tokens - 1`` tokens after the first (``None`` with fewer than two tokens)."""
+    if tokens < 2:
+        return None
+    return (last_s - first_s) / (tokens - 1)
+
+
+def ratio_of_medians(num: Sequence[float], den: Sequence[float]) -> float:
+    """median(num) / median(den): the figure a target compares."""
+    return statistics.median(num) / statistics.median(den)
