@@ -21,7 +21,8 @@ the models say the turn must be, and names every way it is not whole:
 only). ``wire_repeats`` counts the hub's chunks a spy saw twice on the wire
 (the device's reorder buffer drops them). ``tpot_s`` is time per output
 token: from the first token to the last, over ``tokens - 1``; the targets
-compare ``ratio_of_medians``.
+compares ``paired_ratio`` (each round's two paths), ``ratio_of_medians`` is
+reported beside it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,15 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["TurnSeen", "audit", "outcome", "ratio_of_medians", "tpot_s", "wire_repeats"]
+__all__ = [
+    "TurnSeen",
+    "audit",
+    "outcome",
+    "paired_ratio",
+    "ratio_of_medians",
+    "tpot_s",
+    "wire_repeats",
+]
 
 CLOUD, EDGE = "cloud", "edge"
 
@@ -107,6 +116,14 @@ def tpot_s(first_s: float, last_s: float, tokens: int) -> float | None:
     if tokens < 2:
         return None
     return (last_s - first_s) / (tokens - 1)
+
+
+def paired_ratio(num: Sequence[float], den: Sequence[float]) -> float:
+    """The median of ``num[i] / den[i]``: each round's two paths, measured one after the
+    other, compared with each other (a load that drifts between rounds cancels out)."""
+    if len(num) != len(den) or not num:
+        raise ValueError("paired_ratio needs two equally long, non-empty sequences")
+    return float(statistics.median(n / d for n, d in zip(num, den, strict=True)))
 
 
 def ratio_of_medians(num: Sequence[float], den: Sequence[float]) -> float:

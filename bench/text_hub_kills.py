@@ -215,8 +215,8 @@ def _report(
         "targets": targets,
         "tables": _tables(turns, kills),
         "plots": [],
-        "notes": _notes(turns, kills, frames, repeats, load_before, load_after),
-        "data": {"turns": turns, "kills": kills, "wire_repeats": repeats,
+        "notes": _notes(turns, kills, len(frames), repeats, load_before, load_after),
+        "data": {"turns": turns, "kills": kills, "wire_repeats": repeats, "frames": len(frames),
                  "load_before": load_before, "load_after": load_after},
     }  # fmt: skip
 
@@ -264,18 +264,21 @@ def _tables(turns: list[dict[str, Any]], kills: list[dict[str, Any]]) -> list[di
 def _notes(
     turns: list[dict[str, Any]],
     kills: list[dict[str, Any]],
-    frames: list[tuple[str, str, int]],
+    frames: int,
     repeats: int,
     load_before: tuple[float, float, float],
     load_after: tuple[float, float, float],
 ) -> list[str]:
     fallbacks = Counter(
-        f.split(":")[0][:80] for t in turns if t["record"] for f in t["record"]["fallbacks"]
+        f.removesuffix(": finished on the device")
+        for t in turns
+        if t["record"]
+        for f in t["record"]["fallbacks"]
     )
     return [
         f"Hub frames on the device's text topic seen twice by a spy client: {repeats} of "
-        f"{len(frames)} (the device's reorder buffer drops such duplicates).",
-        "Why turns left the hub (the record's fallbacks, first words): "
+        f"{frames} (the device's reorder buffer drops such duplicates).",
+        "Why turns left the hub (the records' fallbacks): "
         + ("; ".join(f"{k} ({v})" for k, v in fallbacks.most_common()) or "none"),
         "A struck turn that is whole at the hub: the kill landed after the hub's final.",
         f"Load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after.",

@@ -6,7 +6,15 @@ from dataclasses import replace
 
 import pytest
 
-from bench._text_audit import TurnSeen, audit, outcome, ratio_of_medians, tpot_s, wire_repeats
+from bench._text_audit import (
+    TurnSeen,
+    audit,
+    outcome,
+    paired_ratio,
+    ratio_of_medians,
+    tpot_s,
+    wire_repeats,
+)
 
 HUB = "abcdefgh"
 WHOLE = TurnSeen(
@@ -80,3 +88,12 @@ def test_tpot_is_first_to_last_token_over_tokens_less_one() -> None:
     assert tpot_s(1.0, 2.0, 11) == pytest.approx(0.1)
     assert tpot_s(1.0, 1.0, 1) is None and tpot_s(1.0, 1.0, 0) is None
     assert ratio_of_medians([1.0, 3.0, 2.0], [4.0, 4.0, 1.0]) == pytest.approx(0.5)
+
+
+def test_paired_ratio_compares_each_round_s_two_paths() -> None:
+    # A load that doubles both paths' times in the later rounds cancels out per round.
+    assert paired_ratio([1.0, 2.0, 2.2], [1.0, 2.0, 2.0]) == pytest.approx(1.0)
+    assert paired_ratio([2.0, 4.0, 6.0], [1.0, 1.0, 1.0]) == pytest.approx(4.0)
+    assert ratio_of_medians([1.0, 2.0, 2.2], [1.0, 1.0, 2.0]) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        paired_ratio([1.0], [1.0, 2.0])
