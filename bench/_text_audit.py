@@ -14,12 +14,17 @@ the models say the turn must be, and names every way it is not whole:
   prompt and the hub's text (text repeated or missed at the splice:
   ``splice``);
 * a turn that ended whole at the hub shorter than its greedy text
-  (``hub text short``).
+  (``hub text short``);
+* the hub's text the device showed not the text of the chunks the hub sent
+  for the turn, as a spy saw them on the wire (``hub_sent``: each seq once,
+  in order; ``hub chunk not shown``: a chunk that reached the broker but not
+  the user, or a seq the device took twice).
 
 ``outcome`` says who finished a whole turn: ``hub`` (every chunk the hub's),
 ``degraded`` (the hub's text, then the device's) or ``local`` (the device's
 only). ``wire_repeats`` counts the hub's chunks a spy saw twice on the wire
-(the device's reorder buffer drops them). ``tpot_s`` is time per output
+(the device's reorder buffer drops them); ``sent_texts`` joins each request's
+chunks from those frames. ``tpot_s`` is time per output
 token: from the first token to the last, over ``tokens - 1``; the targets
 compares ``paired_ratio`` (each round's two paths), ``ratio_of_medians`` is
 reported beside it.
@@ -38,6 +43,7 @@ __all__ = [
     "outcome",
     "paired_ratio",
     "ratio_of_medians",
+    "sent_texts",
     "tpot_s",
     "wire_repeats",
 ]
@@ -61,6 +67,7 @@ class TurnSeen:
     hub_expected: str
     local_expected: str | None = None
     raised: bool = False
+    hub_sent: str | None = None  # the hub's chunks on the wire, joined; None: not seen
 
 
 def _cloud_local(turn: TurnSeen) -> tuple[str, str]:
@@ -91,6 +98,8 @@ def audit(turn: TurnSeen) -> list[str]:
         problems.append("splice")
     if not local and cloud != turn.hub_expected:
         problems.append("hub text short")
+    if turn.hub_sent is not None and cloud != turn.hub_sent:
+        problems.append("hub chunk not shown")
     return problems
 
 
@@ -108,6 +117,16 @@ def wire_repeats(frames: Iterable[tuple[str, str, int]]) -> int:
     """Frames ``(request id, kind, seq)`` seen more than once, beyond their first."""
     seen = Counter(frames)
     return sum(n - 1 for n in seen.values())
+
+
+def sent_texts(frames: Iterable[tuple[str, str, int, str]]) -> dict[str, str]:
+    """Each request's chunk texts ``(request id, "chunk", seq, text)``, each seq once, joined
+    in seq order (frames of other kinds are skipped)."""
+    chunks: dict[str, dict[int, str]] = {}
+    for request_id, kind, seq, text in frames:
+        if kind == "chunk":
+            chunks.setdefault(request_id, {}).setdefault(seq, text)
+    return {rid: "".join(t for _, t in sorted(by_seq.items())) for rid, by_seq in chunks.items()}
 
 
 def tpot_s(first_s: float, last_s: float, tokens: int) -> float | None:

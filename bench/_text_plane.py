@@ -7,7 +7,7 @@ language executor by its command line (``cloud_hub.plane._child llm 0``) and
 reads its restart counter from ``/metrics``. Its temporary files (metrics
 books, rings) go under the part's work directory (``TMPDIR``), so the ones a
 killed hub leaves behind go with it. ``Spy`` is a plain MQTT client that
-records every frame the hub sends on a device's text topic.
+records every frame on a device's text and generate topics.
 """
 
 from __future__ import annotations
@@ -139,17 +139,22 @@ class TandemHub:
 
 
 class Spy:
-    """A paho client on ``topic`` that keeps ``(request id, kind, seq)`` of each hub frame."""
+    """A paho client on ``topics`` that keeps ``(request id, kind, seq, text)`` of each frame.
 
-    def __init__(self, broker_url: str, topic: str) -> None:
+    On a device's text topic: the hub's chunks (their text) and finals; on its
+    generate topic: the device's requests (``kind`` "request", seq -1), in the
+    order they were published.
+    """
+
+    def __init__(self, broker_url: str, topics: list[str]) -> None:
         from shared import MqttSettings, create_client
 
         settings = MqttSettings.from_url(broker_url)
-        self.frames: list[tuple[str, str, int]] = []
+        self.frames: list[tuple[str, str, int, str]] = []
         self._lock = threading.Lock()
         self.client = create_client(settings, f"bench-spy-{os.getpid()}", protocol="5")
         subscribed = threading.Event()
-        self.client.on_connect = lambda c, *_: c.subscribe(topic, qos=1)
+        self.client.on_connect = lambda c, *_: c.subscribe([(t, 1) for t in topics])
         self.client.on_subscribe = lambda *_: subscribed.set()
         self.client.on_message = self._on_message
         self.client.connect(settings.host, settings.port)
@@ -158,15 +163,28 @@ class Spy:
             raise RuntimeError("the spy could not subscribe")
 
     def _on_message(self, _c: Any, _u: Any, message: Any) -> None:
-        from shared import GenerateChunk, decode_text_message
+        from shared import GenerateChunk, GenerateFinal, GenerateRequest, decode_text_message
 
         try:
             frame = decode_text_message(message.payload)
         except Exception:  # a bad frame is the hub's to count, not ours
             return
-        kind = "chunk" if isinstance(frame, GenerateChunk) else "final"
+        if isinstance(frame, GenerateChunk):
+            seen = (frame.request_id, "chunk", frame.seq, frame.text)
+        elif isinstance(frame, GenerateFinal):
+            seen = (frame.request_id, "final", frame.seq, "")
+        elif isinstance(frame, GenerateRequest):
+            seen = (frame.request_id, "request", -1, "")
+        else:
+            return
         with self._lock:
-            self.frames.append((frame.request_id, kind, int(getattr(frame, "seq", -1))))
+            self.frames.append(seen)
+
+    def requests(self) -> list[str]:
+        """The request ids the device published, each once, in order."""
+        with self._lock:
+            ids = [rid for rid, kind, _, _ in self.frames if kind == "request"]
+        return list(dict.fromkeys(ids))
 
     def close(self) -> None:
         self.client.disconnect()

@@ -19,10 +19,12 @@ chunk has reached the device:
 The next turn waits until the hub is ready again. Every turn is audited
 (``bench._text_audit``): lost (an exception, no result, an error, no text),
 repeated or missing text (an index twice or skipped, the hub's text not a
-prefix of the hub model's greedy text, the device's continuation not the
-device model's greedy text after the prompt and the hub's text), and who
-finished it (the hub, degraded: the hub then the device, or the device
-alone). A spy client counts hub frames seen twice on the device's text topic.
+prefix of the hub model's greedy text nor the text of the chunks the hub
+sent for it, the device's continuation not the device model's greedy text
+after the prompt and the hub's text), and who finished it (the hub,
+degraded: the hub then the device, or the device alone). A spy client on
+the device's topics sees each request and the hub's chunks, and counts hub
+frames seen twice.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ._text_audit import CLOUD, EDGE, TurnSeen, audit, outcome, wire_repeats
+from ._text_audit import CLOUD, EDGE, TurnSeen, audit, outcome, sent_texts, wire_repeats
 
 __all__ = ["run"]
 
@@ -131,6 +133,18 @@ def _expected(turns: list[dict[str, Any]], hub_model: Path, device_model: Path) 
         t["local_expected"] = greedy_generate(device, ids, left).text
 
 
+def _sent(
+    turns: list[dict[str, Any]], frames: list[tuple[str, str, int, str]], requests: list[str]
+) -> None:
+    """Each turn's request id and ``hub_sent`` (the hub's chunks the spy saw), when the spy
+    saw one request per turn (the turns run one after the other)."""
+    if len(requests) != len(turns):
+        return
+    texts = sent_texts(frames)
+    for t, rid in zip(turns, requests, strict=True):
+        t["request_id"], t["hub_sent"] = rid, texts.get(rid, "")
+
+
 def _seen(t: dict[str, Any]) -> TurnSeen:
     record = t["record"] or {}
     return TurnSeen(
@@ -138,6 +152,7 @@ def _seen(t: dict[str, Any]) -> TurnSeen:
         text=record.get("text"), error=t["raised"] or record.get("error"),
         degraded=bool(record.get("degraded")), hub_expected=t["hub_expected"],
         local_expected=t.get("local_expected"), raised=t["raised"] is not None,
+        hub_sent=t.get("hub_sent"),
     )  # fmt: skip
 
 
@@ -160,7 +175,8 @@ def run(model: Path | None = None) -> dict[str, Any]:
         prefix = f"tandem/{uuid.uuid4().hex[:8]}/v1"
         with BrokerProcess(work).start() as broker:
             hub = TandemHub(repo, broker.url, work, prefix).start()
-            spy = Spy(broker.url, Topics(prefix).text(DEVICE))
+            topics = Topics(prefix)
+            spy = Spy(broker.url, [topics.text(DEVICE), topics.device_generate(DEVICE, MODEL)])
             agent = EdgeAgent(
                 None, device_id=DEVICE, broker=broker.url, language_model=models.device_model,
                 cloud_language_model=MODEL, topics=Topics(prefix),
@@ -171,10 +187,11 @@ def run(model: Path | None = None) -> dict[str, Any]:
             finally:
                 spy.close()
                 hub.stop()
-            frames = list(spy.frames)
+            frames, requests = list(spy.frames), spy.requests()
     seconds = time.perf_counter() - started
     load_after = os.getloadavg()
     _expected(turns, hub_model, models.device_model)
+    _sent(turns, frames, requests)
     return _report(hub_model, turns, kills, frames, seconds, load_before, load_after)
 
 
@@ -182,7 +199,7 @@ def _report(
     hub_model: Path,
     turns: list[dict[str, Any]],
     kills: list[dict[str, Any]],
-    frames: list[tuple[str, str, int]],
+    frames: list[tuple[str, str, int, str]],
     seconds: float,
     load_before: tuple[float, float, float],
     load_after: tuple[float, float, float],
@@ -193,7 +210,9 @@ def _report(
     lost = [t for t in turns if t["outcome"] == "lost"]
     damaged = [t for t in turns if t["problems"] and t["outcome"] != "lost"]
     reasons = Counter(p for t in damaged for p in t["problems"])
-    repeats = wire_repeats(frames)
+    repeats = wire_repeats((rid, kind, seq) for rid, kind, seq, _ in frames if kind != "request")
+    hub_frames = sum(1 for f in frames if f[1] != "request")
+    checked = sum(1 for t in turns if t.get("hub_sent") is not None)
     load = f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after"
     targets = [
         {"name": f"{TURNS} prefer_cloud turns, the hub SIGKILLed mid-stream in {len(kills)}: "
@@ -201,8 +220,8 @@ def _report(
          "target": "0", "measured": f"{len(lost)} of {TURNS}",
          "met": len(lost) == TARGETS["lost"], "limited_by": None},
         {"name": "turns whose text repeats or misses chunks (an index twice or skipped, the "
-                 "hub's text not its greedy prefix, the device's splice not its greedy "
-                 "continuation)", "target": "0",
+                 "hub's text not its greedy prefix nor the chunks it sent, the device's splice "
+                 "not its greedy continuation)", "target": "0",
          "measured": f"{len(damaged)} of {TURNS}"
                      + (f" ({', '.join(f'{k}: {v}' for k, v in reasons.items())})"
                         if reasons else ""),
@@ -215,8 +234,10 @@ def _report(
         "targets": targets,
         "tables": _tables(turns, kills),
         "plots": [],
-        "notes": _notes(turns, kills, len(frames), repeats, load_before, load_after),
-        "data": {"turns": turns, "kills": kills, "wire_repeats": repeats, "frames": len(frames),
+        "notes": [*_notes(turns, kills, hub_frames, repeats, load_before, load_after),
+                  f"Turns whose text was checked against the hub's chunks on the wire: "
+                  f"{checked} of {len(turns)}."],
+        "data": {"turns": turns, "kills": kills, "wire_repeats": repeats, "frames": hub_frames,
                  "load_before": load_before, "load_after": load_after},
     }  # fmt: skip
 

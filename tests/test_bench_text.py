@@ -12,6 +12,7 @@ from bench._text_audit import (
     outcome,
     paired_ratio,
     ratio_of_medians,
+    sent_texts,
     tpot_s,
     wire_repeats,
 )
@@ -97,3 +98,13 @@ def test_paired_ratio_compares_each_round_s_two_paths() -> None:
     assert ratio_of_medians([1.0, 2.0, 2.2], [1.0, 1.0, 2.0]) == pytest.approx(2.0)
     with pytest.raises(ValueError):
         paired_ratio([1.0], [1.0, 2.0])
+
+
+def test_the_hub_s_text_on_the_wire_must_be_what_the_device_showed() -> None:
+    frames = [("r1", "chunk", 1, "def"), ("r1", "chunk", 0, "abc"), ("r1", "chunk", 1, "def"),
+              ("r1", "final", 2, ""), ("r2", "chunk", 0, "x")]  # fmt: skip
+    assert sent_texts(frames) == {"r1": "abcdef", "r2": "x"}
+    spliced = replace(SPLICED, hub_sent="abc")
+    assert audit(spliced) == []
+    # The hub sent "abcdef" but the device showed "abc" and went on from there.
+    assert audit(replace(SPLICED, hub_sent="abcdef")) == ["hub chunk not shown"]
