@@ -237,8 +237,24 @@ def _report(
         "notes": [*_notes(turns, kills, hub_frames, repeats, load_before, load_after),
                   f"Turns whose text was checked against the hub's chunks on the wire: "
                   f"{checked} of {len(turns)}."],
-        "data": {"turns": turns, "kills": kills, "wire_repeats": repeats, "frames": hub_frames,
+        "data": {"turns": [_slim(t) for t in turns], "kills": kills, "wire_repeats": repeats,
+                 "frames": hub_frames,
                  "load_before": load_before, "load_after": load_after},
+    }  # fmt: skip
+
+
+def _slim(t: dict[str, Any]) -> dict[str, Any]:
+    """A turn for the result file: what was counted, its chunks and characters per side."""
+    record = {k: v for k, v in (t["record"] or {}).items() if k != "text"}
+    by = {
+        side: [text for _, source, text in t["chunks"] if source == side] for side in (CLOUD, EDGE)
+    }
+    return {
+        "i": t["i"], "mode": t["mode"], "struck": t["struck"], "outcome": t["outcome"],
+        "problems": t["problems"], "seconds": round(t["seconds"], 4), "raised": t["raised"],
+        "record": record or None, "request_id": t.get("request_id"),
+        "chunks": {side: len(texts) for side, texts in by.items()},
+        "chars": {side: sum(map(len, texts)) for side, texts in by.items()},
     }  # fmt: skip
 
 
