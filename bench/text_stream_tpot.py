@@ -23,7 +23,10 @@ ratio of the medians is reported beside it. Both
 paths pace their chunks at 20 ms as shipped (the MQTT front by
 ``Coalescing(max_delay_s=0.02)``, the SSE stream by ``SSE_INTERVAL_S``); a
 second server with ``Coalescing(max_delay_s=0)`` gives MQTT's figure without
-coalescing (the SSE pace is not configurable and stays).
+coalescing (the SSE pace is not configurable and stays). The server also
+times each turn at the engine (its updates in the engine's sink, before any
+transport): a path's TPOT over that is the transport's own share, which the
+engine's speed, moved by the machine's load from turn to turn, does not enter.
 """
 
 from __future__ import annotations
@@ -60,11 +63,19 @@ class _StreamServer(_Process):
         self.args = [str(repo), broker, prefix]
         self.delay_s = delay_s
         self.ready_file = work / f"server-{delay_s:g}.ready"
+        self.engine_log = work / f"server-{delay_s:g}.engine.jsonl"
         super().__init__(work)
 
     def command(self, port: int) -> list[str]:
         return [sys.executable, "-m", "bench._text_stream_server", *self.args, str(port),
-                str(self.delay_s), str(self.ready_file)]  # fmt: skip
+                str(self.delay_s), str(self.ready_file), str(self.engine_log)]  # fmt: skip
+
+    def engine_tpots(self) -> list[float | None]:
+        """Each turn's TPOT at the engine, in the order the turns ended."""
+        if not self.engine_log.exists():
+            return []
+        lines = self.engine_log.read_text().splitlines()
+        return [json.loads(line)["tpot_s"] for line in lines if line.strip()]
 
     def _ready(self) -> None:
         deadline = time.monotonic() + 120.0
@@ -121,12 +132,14 @@ def _figures(
             "chunks": len(parts), "text": "".join(parts)}  # fmt: skip
 
 
-def _rounds(url: str, agent: Any) -> dict[str, list[dict[str, Any]]]:
+def _rounds(url: str, agent: Any, server: _StreamServer) -> dict[str, list[dict[str, Any]]]:
+    """The rounds on one server; each turn's figures get its TPOT at the engine too."""
     import httpx
 
     from ._hub_generate_client import PROMPTS
 
     got: dict[str, list[dict[str, Any]]] = {"http": [], "mqtt": []}
+    ran: list[dict[str, Any] | None] = []  # every turn in the order it ran (warm-up: None)
     with httpx.Client(timeout=60.0) as client:
         for i in range(WARM + ROUNDS):
             prompt = PROMPTS[i % len(PROMPTS)]
@@ -136,9 +149,28 @@ def _rounds(url: str, agent: Any) -> dict[str, list[dict[str, Any]]]:
                     figures = _http_turn(client, url, prompt)
                 else:
                     figures = _mqtt_turn(agent, prompt)
+                ran.append(figures if i >= WARM else None)
                 if i >= WARM:
                     got[path].append(figures)
+    _engine_side(ran, server)
     return got
+
+
+def _engine_side(ran: list[dict[str, Any] | None], server: _StreamServer) -> None:
+    """Give each measured turn its TPOT at the engine (``engine_tpot_s``) and the ratio of
+    what its client saw to it (``over_engine``); None for all when the counts disagree."""
+    deadline = time.monotonic() + 10.0
+    engine = server.engine_tpots()
+    while len(engine) < len(ran) and time.monotonic() < deadline:  # the last line is written
+        time.sleep(0.02)
+        engine = server.engine_tpots()
+    if len(engine) != len(ran):
+        engine = [None] * len(ran)
+    for figures, at_engine in zip(ran, engine, strict=True):
+        if figures is not None:
+            figures["engine_tpot_s"] = at_engine
+            ok = at_engine and figures["tpot_s"] is not None
+            figures["over_engine"] = figures["tpot_s"] / at_engine if ok else None
 
 
 def run(model: Path | None = None) -> dict[str, Any]:
@@ -167,7 +199,8 @@ def run(model: Path | None = None) -> dict[str, Any]:
                         topics=Topics(prefix),
                     )  # fmt: skip
                     with agent:
-                        results[name] = _rounds(f"http://127.0.0.1:{server.port}", agent)
+                        url = f"http://127.0.0.1:{server.port}"
+                        results[name] = _rounds(url, agent, server)
     load_after = os.getloadavg()
     return _report(hub_model, results, load_before, load_after)
 
@@ -235,6 +268,7 @@ def _report(
             "token in MQTT's favour. Without coalescing MQTT sends one message per token "
             f"({MAX_TOKENS} chunks a turn) against SSE's paced events: that row favours HTTP.",
             _spread(tpot),
+            _transport_share(results),
             f"Load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after.",
         ],
         "data": {"results": results, "load_before": load_before, "load_after": load_after},
@@ -264,14 +298,39 @@ def _table(results: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any
         for path in ("http", "mqtt"):
             got = results[name][path]
             pace = "20 ms (SSE_INTERVAL_S)" if path == "http" else f"{delay_s * 1e3:g} ms"
+            engine = [r["engine_tpot_s"] for r in got if r.get("engine_tpot_s")]
+            share = [r["over_engine"] for r in got if r.get("over_engine")]
             rows.append([
                 labels[path], pace, f"{_median(got, 'tpot_s') * 1e3:.3f} ms",
+                f"{statistics.median(engine) * 1e3:.3f} ms" if engine else "-",
+                f"{statistics.median(share):.3f}" if share else "-",
                 f"{_median(got, 'ttft_s') * 1e3:.2f} ms", f"{_median(got, 'chunks'):.0f}",
                 f"{_median(got, 'tokens'):.0f}",
             ])  # fmt: skip
-    return {"title": "Per turn (median of rounds)",
-            "columns": ["path", "chunk pace", "TPOT", "TTFT", "chunks", "tokens"],
+    return {"title": "Per turn (median of rounds); TPOT at the engine: the same turn's updates "
+                     "in the engine's sink, before any transport",
+            "columns": ["path", "chunk pace", "TPOT at the client", "TPOT at the engine",
+                        "client / engine", "TTFT", "chunks", "tokens"],
             "rows": rows}  # fmt: skip
+
+
+def _transport_share(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
+    """MQTT's client/engine TPOT over HTTP's, per round: the transports alone compared."""
+    parts = []
+    for name, rows in results.items():
+        pairs = [(m["over_engine"], h["over_engine"])
+                 for h, m in zip(rows["http"], rows["mqtt"], strict=True)
+                 if m.get("over_engine") and h.get("over_engine")]  # fmt: skip
+        if pairs:
+            ratio = paired_ratio([m for m, _ in pairs], [h for _, h in pairs])
+            parts.append(f"{name} {ratio:.3f} ({len(pairs)} rounds)")
+    if not parts:
+        return "The engine's own TPOT was not recorded for every turn: no transport share."
+    return (
+        "Each path's TPOT over the same turn's TPOT at the engine takes the engine's speed "
+        "(which the machine's load moves from turn to turn) out of the comparison; MQTT's "
+        "over HTTP's, the median of the rounds' ratios: " + "; ".join(parts) + "."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
