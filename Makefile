@@ -57,7 +57,7 @@ test: $(VENV)/.dev-installed broker redis postgres chromium
 
 check: test
 
-# Every benchmark part (about 12 minutes); one part: make bench BENCH_ARGS=round-trip
+# Every benchmark part (about half an hour on 2 cores); one part: make bench BENCH_ARGS=round-trip
 bench: $(VENV)/.dev-installed broker
 	@bash scripts/ensure-nginx
 	$(PY) -m bench $(BENCH_ARGS)

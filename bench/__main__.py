@@ -22,6 +22,8 @@ PARTS = {
     "language-models": "bench.language_models",  # (h1): a cold build of the LLM pair, ~4 min
     "edge-generate": "bench.edge_generate",  # (h): EdgeAgent.generate vs og's loop, footprint
     "hub-generate": "bench.hub_generate",  # (h2): the hub's engine over HTTP, kept KV caches
+    "text-hub-kills": "bench.text_hub_kills",  # (h): 100 turns, the hub SIGKILLed mid-stream
+    "text-stream-tpot": "bench.text_stream_tpot",  # (h): MQTT vs HTTP SSE time per token
 }
 
 

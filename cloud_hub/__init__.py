@@ -53,6 +53,7 @@ from .batching._stats import BatcherMetrics, BatcherStats
 from .collect._config import CollectionConfig
 from .executors import CallableExecutor, Executor, OnnxExecutor, TorchExecutor
 from .metrics._prometheus import HubMetrics
+from .mqtt._coalesce import Coalescing
 from .mqtt._front import MqttFront
 from .repository._config import ModelConfig, TensorSpec
 from .repository._repository import ModelRepository, ServedModel
@@ -63,6 +64,7 @@ __all__ = [
     "BatcherStats",
     "BrokerError",
     "CallableExecutor",
+    "Coalescing",
     "CollectionConfig",
     "DeadlineExceededError",
     "DynamicBatcher",

@@ -24,9 +24,8 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 
-from cloud_hub import Hub
+from cloud_hub import Coalescing, Hub
 from cloud_hub.language import LanguageEngine, TurnUpdate
-from cloud_hub.mqtt._coalesce import Coalescing
 from edge_agent import (
     EdgeAgent,
 )

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cloud_hub.mqtt._coalesce import ChunkCoalescer, Coalescing
+from cloud_hub import Coalescing
+from cloud_hub.mqtt._coalesce import ChunkCoalescer
 from edge_agent.language._reorder import ReorderBuffer
 
 

@@ -11,9 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cloud_hub import Hub
+from cloud_hub import Coalescing, Hub
 from cloud_hub.language import LanguageEngine, TurnUpdate
-from cloud_hub.mqtt._coalesce import Coalescing
 from edge_agent import (
     CloudTextSettings,
     EdgeAgent,
