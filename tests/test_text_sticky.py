@@ -24,6 +24,7 @@ from cloud_hub import Hub
 from edge_agent import CloudTextSettings, EdgeAgent
 from edge_agent.language import Conversation, GenerationRecord, render_turn
 from shared import (
+    ErrorCode,
     GenerateCancel,
     GenerateChunk,
     GenerateRequest,
@@ -170,3 +171,22 @@ def test_a_silent_replica_s_turn_is_cancelled_and_sent_again_and_its_late_text_i
     assert record.hub in replicas.hubs and conversation.hub == record.hub
     assert "STALE" not in record.text
     assert record.text == greedy_generate(load_model(models.hub_model), sent.prompt, 12).text
+
+
+def test_a_sticky_turn_in_another_devices_name_is_refused_as_a_shared_one_is(
+    replicas: Replicas, peer: Callable[[str], Peer]
+) -> None:
+    """The replica's own topic has the shared topic's trust rules: the device is the one
+    the topic names, and the answer goes to that device's text topic only."""
+    attacker, victim = peer("attacker-s"), peer("victim-s")
+    attacker.subscribe(replicas.topics.text("attacker"))
+    victim.subscribe(replicas.topics.text("victim"))
+    forged = GenerateRequest(request_id="steal-sticky", model="tiny", max_tokens=4,
+                             prompt="hi", device_id="victim")  # fmt: skip
+    attacker.publish(replicas.topics.device_generate("attacker", "tiny", "hub-a"),
+                     encode_text_message(forged))  # fmt: skip
+    topic, final = attacker.take()
+    assert topic == replicas.topics.text("attacker") and final.request_id == "steal-sticky"
+    assert final.error is ErrorCode.BAD_REQUEST and final.hub == "hub-a"
+    assert sticky_turns(replicas.hubs["hub-a"]) == 1 and sticky_turns(replicas.hubs["hub-b"]) == 0
+    assert victim.received.empty()
