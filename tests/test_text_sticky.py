@@ -29,6 +29,7 @@ from shared import (
     GenerateChunk,
     GenerateRequest,
     MqttSettings,
+    PahoSession,
     Topics,
     decode_text_message,
     encode_text_message,
@@ -36,7 +37,7 @@ from shared import (
 from tandem.demo.language import greedy_generate, load_model
 
 from ._brokers import MosquittoProcess
-from ._text_mqtt import SIZED, Peer, hub_repository
+from ._text_mqtt import SIZED, WAIT_S, Peer, hub_repository, wait_for
 
 # Enough conversations that a device ignoring the hub id fails (the broker alternates the
 # shared subscription's two members, so each second turn would reach the other replica).
@@ -89,6 +90,18 @@ def chat(agent: EdgeAgent, conversation: Conversation, content: str) -> Generati
     return record
 
 
+def nobody_reads(replicas: Replicas, hub: str | None) -> bool:
+    """Whether the broker answers a publish on ``hub``'s own topic with reason 0x10."""
+    probe = PahoSession(MqttSettings.from_url(replicas.url, protocol="5"), "sticky-probe",
+                        protocol="5")  # fmt: skip
+    try:
+        assert probe.start(wait_s=WAIT_S)
+        handle = probe.publish(replicas.topics.device_generate("probe", "tiny", hub), b"x")
+        return handle.wait(WAIT_S) and handle.no_subscribers
+    finally:
+        probe.stop(timeout_s=1)
+
+
 def sticky_turns(hub: Hub) -> int:
     assert hub.text_front is not None
     return hub.text_front.stats().get("sticky", 0)
@@ -122,6 +135,7 @@ def test_a_turn_for_a_stopped_replica_is_answered_by_the_other_re_prefilled(
         first = chat(agent, conversation, "Hi")
         assert first.hub is not None
         replicas.hubs[first.hub].stop()  # between the turns: its KV cache is gone with it
+        wait_for(lambda: nobody_reads(replicas, first.hub), "the broker dropped its subscription")
         assert agent.language is not None
         prompt = agent.language.decode(conversation.history) + render_turn(
             [{"role": "user", "content": "And?"}], first=False
