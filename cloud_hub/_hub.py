@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shared import Limits, MqttSettings, Topics, mqtt_max_packet_bytes
+from shared import Limits, MqttSettings, Topics, mqtt_max_packet_bytes, validate_name
 
 from ._dispatch import Done, future_outcome
 from ._errors import HubStoppingError, ModelNotFoundError
@@ -78,7 +78,8 @@ class Hub:
     the first layout (``MqttFront``): a migration opt-in, unsafe (redirectable).
     ``text_over_mqtt`` serves the language models' turns over MQTT (``TextFront``,
     chunks coalesced per ``coalescing``): ``None`` turns it on when the repository
-    holds a language model at ``start``.
+    holds a language model at ``start``. ``hub_id`` names this replica to devices (its
+    chunks and finals carry it; a conversation's next turn is sent to it; default: random).
     """
 
     def __init__(
@@ -96,6 +97,7 @@ class Hub:
         legacy_topics: bool = False,
         text_over_mqtt: bool | None = None,
         coalescing: Coalescing | None = None,
+        hub_id: str | None = None,
     ) -> None:
         if isinstance(repository, ModelRepository):
             self.repository, self._path, self._owns_repository = repository, None, False
@@ -115,6 +117,7 @@ class Hub:
         self.mqtt_front: MqttFront | None = None
         self.text_over_mqtt = text_over_mqtt
         self.coalescing = coalescing
+        self.hub_id = validate_name(hub_id or uuid.uuid4().hex[:8], "hub id")
         self.text_front: TextFront | None = None
         self.collector: ExampleCollector | None = None  # set by start when a model collects
         self._batchers: dict[str, DynamicBatcher] = {}
@@ -243,6 +246,7 @@ class Hub:
                         share_group=self.share_group,
                         limits=self.limits,
                         coalescing=self.coalescing,
+                        hub_id=self.hub_id,
                     ).start()
                 self.mqtt_front.start(wait_s=self.connect_timeout_s)
         except BaseException:

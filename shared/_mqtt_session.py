@@ -154,6 +154,12 @@ class PublishHandle(ABC):
     def refusal(self) -> MqttRefusal | None:
         """The broker's refusal in its PUBACK (MQTT 5 only), once ``done``; else None."""
 
+    @property
+    def no_subscribers(self) -> bool:
+        """True once the broker accepted it but said no subscription matched (MQTT 5
+        PUBACK reason 0x10): nobody will read it. False until then, and under MQTT 3.1.1."""
+        return False
+
 
 MessageHandler = Callable[[InboundMessage], None]
 ConnectionHandler = Callable[[bool], None]

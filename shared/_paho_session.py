@@ -34,15 +34,16 @@ log = logging.getLogger(__name__)
 
 _ERR_NO_CONN = 4  # paho's MQTT_ERR_NO_CONN: a QoS 1 message is kept and sent after a reconnect
 _MAX_REFUSALS = 1024  # PUBACK refusals remembered until their handle reads them
+_NO_MATCHING_SUBSCRIBERS = 0x10  # an MQTT 5 PUBACK reason: accepted, but nobody reads it
 
 
 class _PahoHandle(PublishHandle):
-    __slots__ = ("_checked", "_info", "_refusal", "_session", "offline")
+    __slots__ = ("_checked", "_info", "_reason", "_session", "offline")
 
     def __init__(self, info: Any, session: PahoSession, *, offline: bool) -> None:
         self._info = info
         self._session = session
-        self._refusal: MqttRefusal | None = None
+        self._reason: MqttRefusal | None = None  # a PUBACK reason other than success
         self._checked = False
         self.offline = offline
 
@@ -65,11 +66,20 @@ class _PahoHandle(PublishHandle):
 
     @property
     def refusal(self) -> MqttRefusal | None:
+        reason = self._puback_reason()
+        return reason if reason is not None and reason.code >= 0x80 else None
+
+    @property
+    def no_subscribers(self) -> bool:
+        reason = self._puback_reason()
+        return reason is not None and reason.code == _NO_MATCHING_SUBSCRIBERS
+
+    def _puback_reason(self) -> MqttRefusal | None:
         # paho records a PUBACK's reason in on_publish, before it marks the message published.
         if not self._checked and not self._info.rc and self._info.is_published():
-            self._refusal = self._session._take_refusal(self._info.mid)
+            self._reason = self._session._take_refusal(self._info.mid)
             self._checked = True
-        return self._refusal
+        return self._reason
 
 
 class PahoSession(MqttSession):
@@ -94,7 +104,7 @@ class PahoSession(MqttSession):
         # Held while a SUBSCRIBE is sent and recorded: its SUBACK may come back on the
         # network thread before ``client.subscribe`` has even returned the mid.
         self._subs_lock = threading.Lock()
-        self._refusals: dict[int, MqttRefusal] = {}  # mid -> the PUBACK's refusal
+        self._refusals: dict[int, MqttRefusal] = {}  # mid -> its PUBACK's refusal (or 0x10)
         self._refusals_lock = threading.Lock()
         self._attempt_failed = False  # the current attempt's failure is already recorded
         self._closing = False
@@ -237,7 +247,7 @@ class PahoSession(MqttSession):
             self.subscribed.set()
 
     def _on_publish(self, _c: Any, _u: Any, mid: int, reason: Any, _p: Any) -> None:
-        if reason.value >= 0x80:
+        if reason.value >= 0x80 or reason.value == _NO_MATCHING_SUBSCRIBERS:
             with self._refusals_lock:
                 if len(self._refusals) >= _MAX_REFUSALS:
                     self._refusals.pop(next(iter(self._refusals)))

@@ -3,6 +3,7 @@
 Topics (``Topics``)::
 
     {prefix}/dev/{device}/generate/{model}  GenerateRequest   device -> hubs (shared group)
+    {prefix}/dev/{device}/generate/{model}/{hub}  GenerateRequest  device -> that hub replica
     {prefix}/dev/{device}/cancel            GenerateCancel    device -> every hub (not shared)
     {prefix}/dev/{device}/text              GenerateChunk...  hub -> that device, then one
                                             GenerateFinal
@@ -27,6 +28,10 @@ receiver knows when it has every chunk even if QoS 1 reorders or repeats
 them. Finish reasons: ``stop``, ``length``, ``deadline``, ``cancelled``,
 ``error``; an ``error`` final carries an ``ErrorCode`` other than ``ok``
 and every other final carries ``ok``.
+
+Chunks and finals name the hub replica that sent them (``hub``, a hub id;
+absent from hubs of earlier builds): a device sends a conversation's next
+turn to that replica's own generate topic, where its KV cache is.
 
 Every message validates in its constructor, so decoding builds one or
 raises a ``ProtocolError`` subclass; header fields this build does not know
@@ -202,12 +207,15 @@ class GenerateChunk:
     text: str
     token_ids: tuple[int, ...] = ()
     tokens: int | None = None  # None: len(token_ids)
+    hub: str | None = None  # the hub replica that sent it
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_id(self.request_id)
         if not (_is_int(self.seq) and self.seq >= 0):
             raise FrameError(f"seq must be an integer >= 0, got {self.seq!r:.40}")
+        if self.hub is not None:
+            _check_name(self.hub, "hub")
         _check_text(self.text, "text")
         object.__setattr__(self, "token_ids", _check_ids(self.token_ids, "token_ids"))
         if self.tokens is None:
@@ -232,12 +240,15 @@ class GenerateFinal:
     error: ErrorCode = ErrorCode.OK
     error_message: str = ""
     model_version: str | None = None
+    hub: str | None = None  # the hub replica that sent it
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_id(self.request_id)
         if not (_is_int(self.seq) and self.seq >= 0):
             raise FrameError(f"seq must be an integer >= 0, got {self.seq!r:.40}")
+        if self.hub is not None:
+            _check_name(self.hub, "hub")
         try:
             object.__setattr__(self, "finish", GenerateFinish(self.finish))
         except ValueError:
@@ -282,8 +293,8 @@ _KNOWN = {
         ]
     ),
     "cancel": frozenset({"kind", "id", "device"}),
-    "chunk": frozenset({"kind", "id", "seq", "tokens", "text_bytes", "token_count"}),
-    "final": frozenset({"kind", "id", "seq", "finish", "usage", "error", "version"}),
+    "chunk": frozenset({"kind", "id", "seq", "tokens", "hub", "text_bytes", "token_count"}),
+    "final": frozenset({"kind", "id", "seq", "finish", "usage", "error", "version", "hub"}),
 }
 
 
@@ -319,6 +330,8 @@ def encode_text_message(message: TextMessage) -> bytes:
         header = {"kind": "chunk", "id": message.request_id, "seq": message.seq}
         if message.tokens != len(message.token_ids):
             header["tokens"] = message.tokens
+        if message.hub is not None:
+            header["hub"] = message.hub
         payload = _pack_text(header, message.text, message.token_ids)
     elif isinstance(message, GenerateFinal):
         header = {
@@ -336,6 +349,8 @@ def encode_text_message(message: TextMessage) -> bytes:
             header["error"] = {"code": message.error.value, "message": message.error_message}
         if message.model_version is not None:
             header["version"] = message.model_version
+        if message.hub is not None:
+            header["hub"] = message.hub
     else:
         raise FrameError(f"not a text message: {type(message).__name__}")
     kind = header["kind"]
@@ -374,6 +389,7 @@ def decode_text_message(
                 text="" if text is None else text,
                 token_ids=ids,
                 tokens=header.get("tokens"),
+                hub=header.get("hub"),
                 extra=extra,
             )
         max_tokens: Any = header.get("max_tokens")
@@ -420,6 +436,7 @@ def _final(header: dict[str, Any], extra: dict[str, Any]) -> GenerateFinal:
         error=code,
         error_message=message if isinstance(message, str) else str(message),
         model_version=header.get("version"),
+        hub=header.get("hub"),
         extra=extra,
     )
 

@@ -11,6 +11,12 @@ All topics hang under one prefix (default ``tandem/v1``)::
     {prefix}/dev/{device}/generate/{model}  text-generation turns of one device (publishable
                                          by it alone); hubs subscribe
                                          $share/{group}/{prefix}/dev/+/generate/+
+    {prefix}/dev/{device}/generate/{model}/{hub}  a conversation's next turn, for the hub
+                                         replica that holds its KV cache (sticky); that
+                                         replica's ingress processes subscribe
+                                         $share/{group}/{prefix}/dev/+/generate/+/{hub}
+                                         (its own filter: a shared subscription is its group
+                                         and its filter, so replicas never split one)
     {prefix}/dev/{device}/cancel       that device's cancels of its turns; every hub
                                          subscribes {prefix}/dev/+/cancel, not shared: the
                                          replica running the turn must hear it
@@ -19,7 +25,7 @@ All topics hang under one prefix (default ``tandem/v1``)::
     {prefix}/dev/{device}/status       update and health reports
     {prefix}/dev/{device}/telemetry    periodic metrics
 
-Model and device names are one topic level each, so they may not contain
+Model, device and hub names are one topic level each, so they may not contain
 ``/``, ``+``, ``#`` or control characters; ``NAME_PATTERN`` is what we accept.
 """
 
@@ -49,10 +55,12 @@ def validate_name(value: object, what: str = "name") -> str:
 
 @dataclass(frozen=True)
 class RequestTopic:
-    """What a request topic says: the model, and the device (``None``: the first layout)."""
+    """What a request topic says: the model, and the device (``None``: the first layout);
+    ``hub``: the replica a sticky generate topic names (``None``: any replica)."""
 
     model: str
     device: str | None = None
+    hub: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,13 +121,25 @@ class Topics:
             return None
         return RequestTopic(model, device)
 
-    def device_generate(self, device: str, model: str) -> str:
-        """The text-generation request topic of one device for ``model``."""
-        return self._device(device, f"generate/{validate_name(model, 'model name')}")
+    def device_generate(self, device: str, model: str, hub: str | None = None) -> str:
+        """The text-generation request topic of one device for ``model``: for any hub
+        replica, or (``hub``) for the one replica of that id (sticky)."""
+        leaf = f"generate/{validate_name(model, 'model name')}"
+        if hub is not None:
+            leaf += f"/{validate_name(hub, 'hub id')}"
+        return self._device(device, leaf)
 
     def device_generate_filter(self, share_group: str | None = None) -> str:
         """The hubs' subscription to every device's text turns (shared when a group is given)."""
         topic = f"{self.prefix}/dev/+/generate/+"
+        if share_group is None:
+            return topic
+        return f"$share/{validate_name(share_group, 'share group')}/{topic}"
+
+    def hub_generate_filter(self, hub: str, share_group: str | None = None) -> str:
+        """One replica's subscription to the turns sent to it alone (shared by its ingress
+        processes when a group is given)."""
+        topic = f"{self.prefix}/dev/+/generate/+/{validate_name(hub, 'hub id')}"
         if share_group is None:
             return topic
         return f"$share/{validate_name(share_group, 'share group')}/{topic}"
@@ -137,9 +157,10 @@ class Topics:
         return self._device(device, "text")
 
     def parse_text_topic(self, topic: str) -> RequestTopic | None:
-        """The device (and model) of a generate or cancel topic; None if it is neither.
+        """The device (and model, and hub) of a generate or cancel topic; None if neither.
 
-        A cancel topic names no model: ``RequestTopic.model`` is ``""`` then.
+        A cancel topic names no model: ``RequestTopic.model`` is ``""`` then; a sticky
+        generate topic names the hub replica it is for (``RequestTopic.hub``).
         """
         head = f"{self.prefix}/dev/"
         if not topic.startswith(head):
@@ -149,9 +170,11 @@ class Topics:
             return None
         if len(parts) == 2 and parts[1] == "cancel":
             return RequestTopic("", parts[0])
-        if len(parts) == 3 and parts[1] == "generate" and NAME_PATTERN.fullmatch(parts[2]):
-            return RequestTopic(parts[2], parts[0])
-        return None
+        if len(parts) not in (3, 4) or parts[1] != "generate":
+            return None
+        if not all(NAME_PATTERN.fullmatch(level) for level in parts[2:]):
+            return None
+        return RequestTopic(parts[2], parts[0], parts[3] if len(parts) == 4 else None)
 
     def model_from_infer_topic(self, topic: str) -> str | None:
         """The model named by a request topic, or ``None`` if it is not one."""

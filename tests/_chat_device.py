@@ -24,6 +24,7 @@ def main(state_file: str, broker: str, model: str, device: str) -> None:
         kept = json.loads(state.read_text())["conversation"]
         conversation.id, conversation.turns = kept["id"], kept["turns"]
         conversation.messages, conversation.history = kept["messages"], kept["history"]
+        conversation.hub = kept["hub"]  # the replica holding its KV cache: sticky again
     message = {"role": "user", "content": os.environ["TANDEM_TEST_MESSAGE"]}
     agent = EdgeAgent(
         None, device_id=device, broker=broker, language_model=Path(model),
@@ -38,6 +39,7 @@ def main(state_file: str, broker: str, model: str, device: str) -> None:
         "conversation": {
             "id": conversation.id, "turns": conversation.turns,
             "messages": conversation.messages, "history": conversation.history,
+            "hub": conversation.hub,
         },
         "chunks": [[c.index, c.source.value, c.text] for c in chunks],
         "text": record.text, "degraded": record.degraded, "fallbacks": list(record.fallbacks),

@@ -220,6 +220,10 @@ def test_two_mqtt_ingress_processes_reach_one_executor_and_its_kept_conversation
                 assert record.error is None and record.cloud_tokens > 0
             seconds.append(record)
     assert all(r.prompt_tokens_reused > 0 for r in seconds)  # kills: conversation not sent
+    # Second turns went to this replica's own topic (sticky; its two ingress processes
+    # share that subscription too), named by the plane's hub id.
+    assert all(r.sticky and r.rerouted is None and r.hub for r in seconds)
+    assert len({r.hub for r in seconds}) == 1
 
     def both_took_turns() -> bool:
         now = _books_turns(plane)

@@ -494,3 +494,20 @@ def test_reprovisioning_rotates_one_password_and_keeps_the_others(
     assert b.subscribe(f"{P}/dev/dev-b/reply")
     connect("hub", pw["hub"]).publish(f"{P}/dev/dev-b/reply", b"still here")
     b.expect(f"{P}/dev/dev-b/reply", b"still here")
+
+
+def test_a_sticky_turn_reaches_its_hub_replica_and_a_device_cannot_send_one_in_anothers_name(
+    connect: Any, pw: dict[str, str]
+) -> None:
+    """A conversation's next turn goes to ``…/dev/{self}/generate/{model}/{hub}``: the hub
+    replica subscribes to its own filter (shared among its ingress processes), and a device
+    publishing on another device's sticky topic reaches no one."""
+    hub = connect("hub", pw["hub"])
+    assert hub.subscribe(f"$share/hubs/{P}/dev/+/generate/+/hub-1")
+    a, b = connect("dev-a", pw["dev-a"]), connect("dev-b", pw["dev-b"])
+    a.publish(f"{P}/dev/dev-b/generate/llm/hub-1", b"forged sticky turn in b's name")
+    b.publish(f"{P}/dev/dev-b/generate/llm/hub-1", b"b's own sticky turn")
+    hub.expect(f"{P}/dev/dev-b/generate/llm/hub-1", b"b's own sticky turn")  # nothing forged
+    a.publish(f"{P}/dev/dev-a/generate/llm/hub-1", b"a's own sticky turn")
+    hub.expect(f"{P}/dev/dev-a/generate/llm/hub-1", b"a's own sticky turn")
+    hub.assert_nothing()

@@ -75,12 +75,15 @@ def test_dynsec_roles_use_the_prefix_group_and_legacy_choice() -> None:
     hub = {(a["acltype"], a["topic"]) for a in roles["tandem-hub"]}
     assert ("subscribePattern", "$share/edge-hubs/acme/v2/dev/+/infer/+") in hub
     assert ("subscribePattern", "$share/edge-hubs/acme/v2/dev/+/generate/+") in hub
+    assert ("subscribePattern", "$share/edge-hubs/acme/v2/dev/+/generate/+/+") in hub
+    assert ("publishClientReceive", "acme/v2/dev/+/generate/+/+") in hub
     assert ("subscribePattern", "acme/v2/dev/+/cancel") in hub  # not shared
     assert ("subscribePattern", "$share/edge-hubs/acme/v2/dev/+/cancel") not in hub
     assert ("publishClientSend", "acme/v2/dev/+/text") in hub
     device = {(a["acltype"], a["topic"]) for a in roles["tandem-device-cam-1"]}
     assert ("publishClientSend", "acme/v2/dev/cam-1/infer/+") in device
     assert ("publishClientSend", "acme/v2/dev/cam-1/generate/+") in device
+    assert ("publishClientSend", "acme/v2/dev/cam-1/generate/+/+") in device
     assert ("publishClientSend", "acme/v2/dev/cam-1/cancel") in device
     assert ("publishClientReceive", "acme/v2/dev/cam-1/text") in device
     assert ("publishClientSend", "acme/v2/dev/cam-1/text") not in device

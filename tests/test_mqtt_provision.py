@@ -82,6 +82,8 @@ def test_acl_uses_the_prefix_and_user_names() -> None:
     assert "user hubs\ntopic read acme/v2/dev/+/infer/+\n" in acl
     assert "pattern write acme/v2/dev/%u/infer/+\n" in acl
     assert "pattern write acme/v2/dev/%u/generate/+\n" in acl
+    assert "pattern write acme/v2/dev/%u/generate/+/+\n" in acl  # sticky turns
+    assert "topic read acme/v2/dev/+/generate/+/+\n" in acl
     assert "pattern read acme/v2/dev/%u/text\n" in acl
     assert "topic read acme/v2/dev/+/cancel\ntopic write acme/v2/dev/+/reply\n" in acl
     assert "user rollout\ntopic write acme/v2/dev/+/assign\n" in acl

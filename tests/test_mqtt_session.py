@@ -170,6 +170,28 @@ def test_the_fleet_link_names_a_refused_connection_in_one_line(
         AssignmentSender.connect(settings, Topics(), ack_timeout_s=WAIT_S)
 
 
+@pytest.mark.parametrize("kind", ["paho-5", "paho-3.1.1"])
+def test_a_puback_says_when_no_subscription_matched(kind: str, mosquitto: MosquittoProcess) -> None:
+    """Mosquitto answers an MQTT 5 QoS 1 publish that no subscription matches with reason
+    0x10 (accepted, read by nobody): a device's sticky text turn goes elsewhere at once."""
+    session = make_session(kind, MqttSettings.from_url(mosquitto.url))
+    heard: queue.Queue[InboundMessage] = queue.Queue()
+    topic = f"no-subscribers/{uuid.uuid4().hex}"
+    try:
+        assert session.start(wait_s=WAIT_S)
+        nobody = session.publish(f"{topic}/nobody", b"x", qos=1)
+        assert nobody.wait(WAIT_S) is True and nobody.refusal is None  # accepted all the same
+        assert nobody.no_subscribers is (kind == "paho-5")  # 3.1.1's PUBACK has no reason
+        session.on_message = heard.put
+        session.subscribe(f"{topic}/read", qos=1)
+        assert session.subscribed.wait(WAIT_S)
+        read = session.publish(f"{topic}/read", b"y", qos=1)
+        assert read.wait(WAIT_S) is True and not read.no_subscribers
+        assert heard.get(timeout=WAIT_S).payload == b"y"
+    finally:
+        session.stop(timeout_s=1)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_lost_broker_is_reported_and_the_session_comes_back_subscribed(
     kind: str, own_mosquitto: MosquittoProcess

@@ -157,3 +157,50 @@ def test_topics_is_immutable_and_hashable() -> None:
     with pytest.raises(AttributeError):
         topics.prefix = "x"  # type: ignore[misc]
     assert {topics, Topics()} == {Topics()}
+
+
+def test_a_sticky_generate_topic_names_one_hub_replica_and_parses_back() -> None:
+    topics = Topics("acme/v2")
+    assert topics.device_generate("cam-1", "llm", "hub-7") == "acme/v2/dev/cam-1/generate/llm/hub-7"
+    assert topics.device_generate("cam-1", "llm") == "acme/v2/dev/cam-1/generate/llm"
+    assert topics.hub_generate_filter("hub-7") == "acme/v2/dev/+/generate/+/hub-7"
+    assert (
+        topics.hub_generate_filter("hub-7", "hubs") == "$share/hubs/acme/v2/dev/+/generate/+/hub-7"
+    )
+    parsed = topics.parse_text_topic("acme/v2/dev/cam-1/generate/llm/hub-7")
+    assert parsed is not None and (parsed.device, parsed.model, parsed.hub) == (
+        "cam-1",
+        "llm",
+        "hub-7",
+    )
+    parsed = topics.parse_text_topic("acme/v2/dev/cam-1/generate/llm")
+    assert parsed is not None and parsed.hub is None  # any replica (old devices)
+    for bad in ("", "a/b", "+", "#", "-x"):
+        with pytest.raises(ConfigError):
+            topics.device_generate("cam-1", "llm", bad)
+        with pytest.raises(ConfigError):
+            topics.hub_generate_filter(bad)
+
+
+@pytest.mark.parametrize(
+    "topic",
+    [
+        "tandem/v1/dev/cam/generate/llm/+",
+        "tandem/v1/dev/cam/generate/llm/#",
+        "tandem/v1/dev/cam/generate/llm/",
+        "tandem/v1/dev/cam/generate/llm/hub/extra",
+        "tandem/v1/dev/cam/generate/+/hub",
+        "tandem/v1/dev/cam/generate/llm/" + "h" * 129,
+        "tandem/v1/dev/cam/cancel/hub",
+    ],
+)
+def test_topics_that_name_no_sticky_turn(topic: str) -> None:
+    assert Topics().parse_text_topic(topic) is None
+
+
+@settings(max_examples=50, deadline=None)
+@given(device=VALID_NAMES, model=VALID_NAMES, hub=VALID_NAMES)
+def test_a_sticky_turn_round_trips_through_its_topic(device: str, model: str, hub: str) -> None:
+    topics = Topics()
+    parsed = topics.parse_text_topic(topics.device_generate(device, model, hub))
+    assert parsed is not None and (parsed.device, parsed.model, parsed.hub) == (device, model, hub)

@@ -66,6 +66,7 @@ def test_bridge_forwards_requests_and_reports_out_and_each_devices_replies_and_a
         (f"{p}/dev/+/status", "out", 2),
         (f"{p}/dev/+/telemetry", "out", 2),
         (f"{p}/dev/+/generate/+", "out", 1),
+        (f"{p}/dev/+/generate/+/+", "out", 1),  # sticky turns, for one hub replica
         (f"{p}/dev/+/cancel", "out", 1),
         (f"{p}/dev/cam-01/reply", "in", 0),
         (f"{p}/dev/cam-01/text", "in", 1),
@@ -215,6 +216,7 @@ def test_adding_a_device_to_a_site_keeps_the_others_and_every_other_cloud_user(
     rights = {(a["acltype"], a["topic"]) for a in roles[gateway]["acls"]}
     assert ("publishClientSend", f"{TOPICS.prefix}/dev/cam-03/telemetry") in rights
     assert ("publishClientSend", f"{TOPICS.prefix}/dev/cam-03/generate/+") in rights
+    assert ("publishClientSend", f"{TOPICS.prefix}/dev/cam-03/generate/+/+") in rights
     assert ("publishClientReceive", f"{TOPICS.prefix}/dev/cam-03/text") in rights
     assert not any("cam-09" in topic for _, topic in rights)  # plant-b's device
 

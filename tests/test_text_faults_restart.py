@@ -127,14 +127,18 @@ def test_the_device_process_restarted_between_turns_keeps_the_conversation(
     conversation the app kept: turn 2 is the hub's greedy answer to the whole history, and
     the hub's kept conversation served it (it prefilled only the new tokens)."""
     spy = peer("spy-reborn")
-    spy.subscribe(f"{P}/dev/phone-reborn/generate/+")
+    spy.subscribe(f"{P}/dev/phone-reborn/generate/#")
     engine = served.hub.language.get("tiny").engine
     hits = engine.stats().get("conversation_hits", 0)
     state = tmp_path / "conversation.json"
     first = _device_turn(state, served, "Hi")
     second = _device_turn(state, served, "And?")
-    requests = [spy.take()[1], spy.take()[1]]
+    sent = [spy.take(), spy.take()]
+    requests = [message for _, message in sent]
     kept = second["conversation"]
+    # The kept hub id sent turn 2 to the replica holding the conversation (sticky).
+    assert sent[1][0] == f"{P}/dev/phone-reborn/generate/tiny/{served.hub.hub_id}"
+    assert kept["hub"] == served.hub.hub_id
     assert [(r.conversation, r.turn) for r in requests] == [(kept["id"], 0), (kept["id"], 1)]
     for turn in (first, second):
         assert not turn["degraded"], turn["fallbacks"]

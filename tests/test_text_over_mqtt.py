@@ -263,14 +263,22 @@ def test_a_conversation_sends_its_id_and_turn_and_keeps_the_hub_s_replies(
     served: Served, reference: Any, peer: Callable[[str], Peer]
 ) -> None:
     spy = peer("spy-5")
-    spy.subscribe(f"{P}/dev/phone-5/generate/+")
+    spy.subscribe(f"{P}/dev/phone-5/generate/#")
     conversation = Conversation()
     with served.agent("phone-5") as agent:
         first = agent.chat([{"role": "user", "content": "Hi"}], conversation=conversation,
                            max_tokens=8, preset="prefer_cloud").final()  # fmt: skip
         second = agent.chat([{"role": "user", "content": "And?"}], conversation=conversation,
                             max_tokens=8, preset="prefer_cloud").final()  # fmt: skip
-    requests = [spy.take()[1], spy.take()[1]]
+    sent = [spy.take(), spy.take()]
+    requests = [message for _, message in sent]
+    # The second turn went to the replica that answered the first (tests/test_text_sticky.py).
+    hub = served.hub.hub_id
+    assert [topic for topic, _ in sent] == [
+        f"{P}/dev/phone-5/generate/tiny",
+        f"{P}/dev/phone-5/generate/tiny/{hub}",
+    ]
+    assert first.hub == second.hub == hub and second.sticky and second.rerouted is None
     assert [(r.conversation, r.turn) for r in requests] == [
         (conversation.id, 0),
         (conversation.id, 1),

@@ -261,3 +261,24 @@ def test_text_topics_are_the_device_s_own_and_parse_back() -> None:
     assert parsed is not None and (parsed.device, parsed.model) == ("cam-1", "")
     for topic in ("acme/v2/dev/cam-1/infer/llm", "acme/v2/dev/+/generate/x", "acme/v2/dev/a/text"):
         assert topics.parse_text_topic(topic) is None
+
+
+@given(hub=names)
+def test_chunks_and_finals_name_the_hub_replica_that_sent_them(hub: str) -> None:
+    chunk = GenerateChunk(request_id="r", seq=0, text="x", token_ids=(7,), hub=hub)
+    final = GenerateFinal(request_id="r", seq=1, finish="stop", cached_tokens=3, hub=hub)
+    for message in (chunk, final):
+        back = decode_text_message(encode_text_message(message))
+        assert back == message and back.hub == hub  # type: ignore[union-attr]
+
+
+def test_frames_without_a_hub_still_decode_and_a_bad_hub_is_refused() -> None:
+    old = _frame({"kind": "final", "id": "r", "seq": 0, "finish": "stop"})  # an earlier hub
+    final = decode_text_message(old)
+    assert isinstance(final, GenerateFinal) and final.hub is None and final.extra == {}
+    for bad in ("a/b", "+", "", 7):
+        with pytest.raises(FrameError, match="hub"):
+            decode_text_message(_frame({"kind": "final", "id": "r", "seq": 0, "finish": "stop",
+                                        "hub": bad}))  # fmt: skip
+        with pytest.raises(FrameError, match="hub"):
+            GenerateChunk(request_id="r", seq=0, text="", hub=bad)  # type: ignore[arg-type]

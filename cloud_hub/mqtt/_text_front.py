@@ -33,9 +33,13 @@ answers every turn still running with an ``overloaded`` final (the device
 finishes it elsewhere at once) and cancels it in the engine. A request that
 names a conversation continues the engine's kept conversation of that id for
 that device (``_conversation``: a device can never reach another's), where
-the prompt repeats its history; which replica holds it is not yet known to
-the device (shared subscriptions spread turns, and another replica
-re-prefills). ``share`` is not acted on (nothing collects text yet).
+the prompt repeats its history. Which replica holds it: every chunk and
+final names this front's ``hub_id``, and the front also takes the turns
+sent to that replica alone (``{prefix}/dev/{device}/generate/{model}/{hub}``,
+shared among this replica's ingress processes only), which a device uses
+for a conversation's next turn; such a turn is handled exactly as a shared
+one (same trust rules, device from the topic, reply topic derived).
+``share`` is not acted on (nothing collects text yet).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from shared import (
     decode_header,
     decode_text_message,
     encode_text_message,
+    validate_name,
 )
 
 from .._errors import DeadlineExceededError, HubError, error_code
@@ -135,6 +140,7 @@ class _Stream:
                     error=code,
                     error_message=update.error or "",
                     model_version=self.version,
+                    hub=self.front.hub_id,
                 )
             )
 
@@ -158,6 +164,7 @@ class _Stream:
                     error=code,
                     error_message=message,
                     model_version=self.version,
+                    hub=self.front.hub_id,
                 )
             )
 
@@ -166,8 +173,9 @@ class _Stream:
             return
         text, ids = self.coalescer.take(now)
         chunk = GenerateChunk(
-            request_id=self.request.request_id, seq=self.seq, text=text, token_ids=ids
-        )
+            request_id=self.request.request_id, seq=self.seq, text=text, token_ids=ids,
+            hub=self.front.hub_id,
+        )  # fmt: skip
         self.seq += 1
         self.front._publish(self.topic, encode_text_message(chunk), "chunks")
 
@@ -189,16 +197,20 @@ class TextFront:
         share_group: str | None = "hubs",
         limits: Limits | None = None,
         coalescing: Coalescing | None = None,
+        hub_id: str | None = None,
     ) -> None:
         self.models = models
         self.session = session
         self.topics = topics or Topics()
         self.limits = limits or Limits()
         self.coalescing = coalescing or Coalescing()
+        self.hub_id = None if hub_id is None else validate_name(hub_id, "hub id")
         self.subscriptions = [
             self.topics.device_generate_filter(share_group),
             self.topics.cancel_filter(),
         ]
+        if self.hub_id is not None:  # turns for this replica alone (sticky conversations)
+            self.subscriptions.append(self.topics.hub_generate_filter(self.hub_id, share_group))
         self._next: Callable[[InboundMessage], None] | None = session.on_message
         session.on_message = self._handle
         self._lock = threading.Lock()
@@ -248,8 +260,9 @@ class TextFront:
         self._drop_log.flush()
 
     def stats(self) -> dict[str, int]:
-        """Counters: received, turns, cancels, duplicates, dropped, chunks, final_<finish>,
-        refused_<code>, expired_in_transit, publish_failed; and ``streaming`` now."""
+        """Counters: received, turns, sticky (turns sent to this replica alone), cancels,
+        duplicates, dropped, chunks, final_<finish>, refused_<code>, expired_in_transit,
+        publish_failed; and ``streaming`` now."""
         with self._lock:
             return {**self._counts, "streaming": len(self._streams)}
 
@@ -286,6 +299,8 @@ class TextFront:
         if not isinstance(decoded, GenerateRequest):
             self._drop(f"a {type(decoded).__name__} on generate topic {message.topic}")
             return
+        if where.hub is not None:
+            self._count("sticky")
         self._take(device, where.model, decoded, received)
 
     def _take(self, device: str, model: str, request: GenerateRequest, received: float) -> None:
@@ -372,7 +387,7 @@ class TextFront:
         self._count(f"refused_{code.value}")
         final = GenerateFinal(
             request_id=request_id, seq=0, finish=GenerateFinish.ERROR, error=code,
-            error_message=message or code.value,
+            error_message=message or code.value, hub=self.hub_id,
         )  # fmt: skip
         self._publish(self.topics.text(device), encode_text_message(final), "final_error")
 

@@ -201,7 +201,8 @@ def run_mqtt_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
     text_front = None
     if len(language):  # its turns go to the language executors, chunks come back here
         text_front = TextFront(language, session, topics=Topics(spec.prefix),
-                               share_group=spec.share_group, limits=Limits())  # fmt: skip
+                               share_group=spec.share_group, limits=Limits(),
+                               hub_id=spec.hub_id)  # fmt: skip
     stopping = threading.Event()
     _on_stop_signals(stopping.set)
     _wait_for_executors(pool, len(spec.executors), stopping, language)

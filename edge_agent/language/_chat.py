@@ -23,7 +23,10 @@ history reads as the template above. Roles are ``system``, ``user`` and
 
 A turn the hub answers sends the whole history as text (the hub model may
 tokenize differently), with the conversation's ``id`` and turn number so a
-hub that keeps KV caches can find its own; its reply joins the history
+hub that keeps KV caches can find its own; the turn goes to the hub
+replica that answered the last one (``hub``, sticky: its KV cache is
+there; ``_cloud`` re-routes it to any replica when that one is gone); its
+reply joins the history
 like a local one, and the kept generator, which has not seen it, is
 dropped: the next local turn re-prefills.
 """
@@ -82,6 +85,7 @@ class Conversation:
         self.turns = 0
         self._opened = 0  # messages the turn in progress added
         self.reprefills = 0  # turns that had to compute the whole history again
+        self.hub: str | None = None  # the hub replica that answered last: it holds the cache
 
     @property
     def has_state(self) -> bool:

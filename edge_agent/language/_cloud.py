@@ -9,6 +9,18 @@ the turn whose request id it carries. Losing the connection wakes every
 turn waiting (``LinkFault``), so none waits out its stall timeout for text
 that cannot come.
 
+Sticky turns: a conversation's next turn goes to the hub replica that
+answered its last one (``hub``: its KV cache is there), on
+``…/dev/{device}/generate/{model}/{hub}``, which only that replica
+subscribes to. Two fallbacks, so no turn is lost: the PUBACK says no
+subscription matched (MQTT 5 reason 0x10: the replica is gone), or no
+message comes within ``CloudTextSettings.sticky_s`` of the send (the
+replica is stuck or the PUBACK never came); either way the turn is
+cancelled and sent again on the shared topic under a new request id
+(``rerouted`` says why), where any replica re-prefills it. Messages of the
+abandoned id are dropped (``stale``), so a late answer of the first replica
+never reaches the stream.
+
 ``CloudLeg`` is one turn's side of it: ``next(deadline)`` returns the next
 chunk in ``seq`` order (``ReorderBuffer``: QoS 1 duplicates and reordering
 never reach the stream), the final once every chunk before it came, a
@@ -22,6 +34,7 @@ device finishes the turn itself, or the turn ends with an error.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -38,9 +51,11 @@ from shared import (
     InboundMessage,
     Limits,
     ProtocolError,
+    PublishHandle,
     Topics,
     decode_text_message,
     encode_text_message,
+    new_request_id,
 )
 
 from .._errors import UplinkError
@@ -60,10 +75,12 @@ class CloudTextSettings:
 
     first_chunk_s: float = 10.0  # from the request to the hub's first message (queue, prefill)
     stall_s: float = 2.0  # between two messages of the hub
+    sticky_s: float = 1.5  # a sticky turn's first message (at most first_chunk_s), before
+    # the turn goes to any replica
 
     def __post_init__(self) -> None:
-        if not (self.first_chunk_s > 0 and self.stall_s > 0):
-            raise ValueError("first_chunk_s and stall_s must be > 0")
+        if not (self.first_chunk_s > 0 and self.stall_s > 0 and self.sticky_s > 0):
+            raise ValueError("first_chunk_s, stall_s and sticky_s must be > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,16 +128,25 @@ class TextLink:
     def connected(self) -> bool:
         return self._attached and self.link.connected
 
-    def open(self, request: GenerateRequest, settings: CloudTextSettings) -> CloudLeg:
-        """Publish ``request`` and return its leg; ``UplinkError`` when it cannot be sent."""
+    def open(
+        self, request: GenerateRequest, settings: CloudTextSettings, *, hub: str | None = None
+    ) -> CloudLeg:
+        """Publish ``request`` (to replica ``hub`` alone when given: sticky) and return its
+        leg; ``UplinkError`` when it cannot be sent."""
         if not self.connected:
             raise UplinkError("not connected to the broker")
-        inbox: _Inbox = queue.SimpleQueue()
+        leg = CloudLeg(self, request, queue.SimpleQueue(), settings)
+        leg._start(hub)
+        self.stats["turns"] += 1
+        return leg
+
+    def _send(self, request: GenerateRequest, inbox: _Inbox, hub: str | None) -> PublishHandle:
+        """Hear ``request``'s messages in ``inbox`` and publish it (``UplinkError``)."""
         with self._lock:
             self._inboxes[request.request_id] = inbox
         try:
             handle = self.link.publish(
-                self.topics.device_generate(self.device_id, request.model),
+                self.topics.device_generate(self.device_id, request.model, hub),
                 encode_text_message(request),
                 qos=1,
             )
@@ -130,8 +156,7 @@ class TextLink:
         if handle.failed or handle.offline:
             self._forget(request.request_id)
             raise UplinkError("publish failed: not connected to the broker")
-        self.stats["turns"] += 1
-        return CloudLeg(self, request.request_id, inbox, settings)
+        return handle
 
     def cancel(self, request_id: str) -> None:
         """Stop hearing a turn; ask the hub to free its slot (best effort: QoS 1, not awaited)."""
@@ -187,16 +212,51 @@ class CloudLeg:
     """One turn's messages from the hub, in order (see the module docstring)."""
 
     def __init__(
-        self, link: TextLink, request_id: str, inbox: _Inbox, settings: CloudTextSettings
+        self, link: TextLink, request: GenerateRequest, inbox: _Inbox, settings: CloudTextSettings
     ) -> None:
         self.link = link
-        self.request_id = request_id
+        self.request = request  # as last sent: a re-routed turn has a new request id
+        self.request_id = request.request_id
         self.settings = settings
+        self.sticky_to: str | None = None  # the replica the turn was first sent to alone
+        self.rerouted: str | None = None  # why it then went to the shared topic
+        self.hub: str | None = None  # the replica whose messages came (None: an older hub)
+        self.stale = 0  # messages of an abandoned request id, dropped
         self._inbox = inbox
+        self._opened = time.perf_counter()
+        self._sticky_until: float | None = None
         self._order: ReorderBuffer[GenerateChunk | GenerateFinal] = ReorderBuffer()
         self._ready: list[GenerateChunk | GenerateFinal] = []
         self._heard = False
         self.finished = False  # the final came (or the leg was given up)
+
+    def _start(self, hub: str | None) -> None:
+        handle = self.link._send(self.request, self._inbox, hub)
+        if hub is None:
+            return
+        self.sticky_to = hub
+        patience = min(self.settings.sticky_s, self.settings.first_chunk_s)
+        self._sticky_until = time.perf_counter() + patience
+        # The PUBACK says at once (MQTT 5) whether the replica still subscribes: on a
+        # loopback or LAN link it comes well before the first chunk could.
+        handle.wait(patience)
+        if handle.no_subscribers:
+            self._reroute(f"hub {hub} is gone (no subscriber on its topic)")
+
+    def _reroute(self, why: str) -> None:
+        """Give the sticky send up and send the turn to any replica, under a new id."""
+        old = self.request
+        self.link.cancel(old.request_id)  # the replica, if it has it, frees the slot
+        spent_ms = (time.perf_counter() - self._opened) * 1000.0
+        budget = None if old.timeout_ms is None else max(0.0, old.timeout_ms - spent_ms)
+        self.request = dataclasses.replace(
+            old, request_id=new_request_id(), timeout_ms=budget, sent_at_ms=time.time() * 1000.0
+        )
+        self.request_id = self.request.request_id
+        self.rerouted = why
+        self._sticky_until = None
+        self.link.stats["rerouted"] += 1
+        self.link._send(self.request, self._inbox, None)
 
     @property
     def duplicates(self) -> int:
@@ -207,19 +267,33 @@ class CloudLeg:
         while not self._ready:
             silence = self.settings.stall_s if self._heard else self.settings.first_chunk_s
             wait = silence
+            sticky = self._sticky_until if not self._heard else None
+            if sticky is not None:  # until then a silent replica is given up, not failed
+                wait = sticky - time.perf_counter()
             if deadline is not None:
                 wait = min(wait, deadline - time.perf_counter())
                 if wait <= 0:
                     return None
             try:
-                message = self._inbox.get(timeout=wait)
+                message = self._inbox.get(timeout=max(0.0, wait))
             except queue.Empty:
                 if deadline is not None and time.perf_counter() >= deadline:
                     return None
+                if sticky is not None and time.perf_counter() >= sticky:
+                    try:
+                        self._reroute(f"no word from hub {self.sticky_to} within its sticky time")
+                    except UplinkError as e:
+                        return LinkFault(f"the turn could not be sent again: {e}")
+                    continue
                 return LinkFault(f"no word from the hub for {silence:g} s")
             if isinstance(message, LinkFault):
                 return message
+            if message.request_id != self.request_id:  # the abandoned id's late answer
+                self.stale += 1
+                continue
             self._heard = True
+            if message.hub is not None:
+                self.hub = message.hub
             self._ready.extend(self._order.push(message.seq, message))
         message = self._ready.pop(0)
         if isinstance(message, GenerateFinal):
@@ -246,3 +320,4 @@ class CloudPlan:
     request: GenerateRequest
     settings: CloudTextSettings
     fallback: bool  # finish on the device when the hub fails (prefer_cloud, a heavy turn)
+    hub: str | None = None  # the replica holding the conversation's KV cache (sticky)

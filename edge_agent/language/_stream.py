@@ -18,7 +18,10 @@ rest of the stream and returns it.
 
 A turn routed to the hub (``CloudPlan``) streams the hub's chunks
 (``source=cloud``), in order and each once (``CloudLeg``), and ends with the
-hub's final. When the hub fails mid-turn (silent past the stall timeout, the
+hub's final; a conversation's turn goes to the replica that answered its
+last one (``CloudLeg``: sticky, re-routed to any replica when that one is
+gone or silent), and the record names the replica (``hub``), ``sticky``
+and ``rerouted``. When the hub fails mid-turn (silent past the stall timeout, the
 connection lost, an error final), a turn that may fall back
 (``prefer_cloud``, a heavy ``prefer_edge`` turn) is finished here: the
 device model continues from the prompt plus the text the hub sent, its
@@ -163,6 +166,9 @@ class GenerationRecord:
     accelerator: str
     degraded: bool = False  # the hub was asked and failed: the device finished the turn
     error: str | None = None  # why a turn ended "error" (cloud_only and the hub failed)
+    hub: str | None = None  # the hub replica that answered (None: none, or an older hub)
+    sticky: bool = False  # sent to the replica holding the conversation's KV cache
+    rerouted: str | None = None  # why a sticky turn then went to any replica (re-prefilled)
 
 
 class TextStream(Iterator[TextChunk]):
@@ -312,7 +318,7 @@ class TextStream(Iterator[TextChunk]):
         assert plan is not None
         if self._leg is None:
             try:
-                self._leg = plan.link.open(plan.request, plan.settings)
+                self._leg = plan.link.open(plan.request, plan.settings, hub=plan.hub)
             except UplinkError as e:
                 self._cloud_failed(f"the turn could not be sent: {e}")
                 return None
@@ -429,6 +435,10 @@ class TextStream(Iterator[TextChunk]):
 
     def _record(self, reason: FinishReason) -> None:
         now = _now()
+        leg = self._leg
+        hub = None if leg is None else leg.hub
+        if hub is not None and self.conversation is not None:
+            self.conversation.hub = hub  # its next turn goes to the replica that holds it
         tokens = len(self._out) + self._cloud_tokens
         began = self._decode_from or self._prefilled_at
         decode_s = self._last_at - began if tokens and began else 0.0
@@ -456,6 +466,9 @@ class TextStream(Iterator[TextChunk]):
             accelerator=self._runtime.accelerator,
             degraded=self._degraded,
             error=self._error,
+            hub=hub,
+            sticky=leg is not None and leg.sticky_to is not None,
+            rerouted=None if leg is None else leg.rerouted,
         )
 
     # -- ending early ----------------------------------------------------------------------

@@ -149,7 +149,10 @@ def _plan(
         conversation=None if conversation is None else conversation.id,
         turn=None if conversation is None else conversation.turns,
     )  # fmt: skip
-    return CloudPlan(cloud.link, request, cloud.settings, fallback=route.reason != "cloud_only")
+    return CloudPlan(
+        cloud.link, request, cloud.settings, fallback=route.reason != "cloud_only",
+        hub=None if conversation is None else conversation.hub,
+    )  # fmt: skip
 
 
 def start_generate(

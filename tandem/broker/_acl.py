@@ -11,11 +11,13 @@ some users, the others kept, the ACL rewritten.
 Who may do what (``{p}`` is the topic prefix, ``%u`` the connecting username)::
 
     every user (pattern)  write {p}/dev/%u/infer/+   {p}/dev/%u/status   {p}/dev/%u/telemetry
-                                {p}/dev/%u/generate/+   {p}/dev/%u/cancel
+                                {p}/dev/%u/generate/+   {p}/dev/%u/generate/+/+ (sticky)
+                                {p}/dev/%u/cancel
                           ({p}/infer/+ too with legacy_topics, for a migration)
                           read  {p}/dev/%u/reply   {p}/dev/%u/assign   {p}/dev/%u/text
     user <hub>            read  {p}/dev/+/infer/+   {p}/infer/+
-                                {p}/dev/+/generate/+   {p}/dev/+/cancel
+                                {p}/dev/+/generate/+   {p}/dev/+/generate/+/+
+                                {p}/dev/+/cancel
                           write {p}/dev/+/reply   {p}/dev/+/text
     user <cdn>            write {p}/dev/+/assign
                           read  {p}/dev/+/status   {p}/dev/+/telemetry
@@ -217,6 +219,7 @@ def render_acl_file(
         "# Devices (username = device id): own requests out, own replies and assignments in.\n"
         f"pattern write {p}/dev/%u/infer/+\n"
         f"pattern write {p}/dev/%u/generate/+\n"
+        f"pattern write {p}/dev/%u/generate/+/+\n"
         f"pattern write {p}/dev/%u/cancel\n"
         f"pattern write {p}/dev/%u/status\n"
         f"pattern write {p}/dev/%u/telemetry\n"
@@ -230,6 +233,7 @@ def render_acl_file(
         f"topic read {p}/dev/+/infer/+\n"
         f"topic read {p}/infer/+\n"
         f"topic read {p}/dev/+/generate/+\n"
+        f"topic read {p}/dev/+/generate/+/+\n"
         f"topic read {p}/dev/+/cancel\n"
         f"topic write {p}/dev/+/reply\n"
         f"topic write {p}/dev/+/text\n"

@@ -13,8 +13,9 @@ are ``tandem-gateway-<site>``, and which forwards (``{p}`` the topic prefix,
 
     out  {p}/dev/+/infer/+     QoS 0   requests
     out  {p}/dev/+/generate/+  QoS 1   text turns           } a stream, in order:
-    out  {p}/dev/+/cancel      QoS 1   their cancels        } a lost chunk would
-    in   {p}/dev/<d>/text      QoS 1   chunks and finals    } stall the turn
+    out  {p}/dev/+/generate/+/+  QoS 1  (sticky: one replica) } a lost chunk would
+    out  {p}/dev/+/cancel      QoS 1   their cancels        } stall the turn
+    in   {p}/dev/<d>/text      QoS 1   chunks and finals    }
     out  {p}/infer/+           QoS 0   requests of the first layout (``legacy_topics``)
     out  {p}/dev/+/status      QoS 2   update reports   } kept at the site while the
     out  {p}/dev/+/telemetry   QoS 2   heartbeats       } uplink is down, sent after
@@ -222,6 +223,7 @@ def render_bridge_config(
         f"topic {p}/dev/+/telemetry out {opts.report_qos}",
         "# Text turns and their cancels out.",
         f"topic {p}/dev/+/generate/+ out {opts.text_qos}",
+        f"topic {p}/dev/+/generate/+/+ out {opts.text_qos}",
         f"topic {p}/dev/+/cancel out {opts.text_qos}",
         "# Replies, text and assignments in, for this site's devices only.",
     ]
@@ -255,7 +257,7 @@ def gateway_dynsec_role(
     return {"rolename": gateway_user(site), "acls": acls}
 
 
-_OUT_LEAVES = ("infer/+", "generate/+", "cancel", "status", "telemetry")
+_OUT_LEAVES = ("infer/+", "generate/+", "generate/+/+", "cancel", "status", "telemetry")
 _IN_LEAVES = ("reply", "text", "assign")
 
 

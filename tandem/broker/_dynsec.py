@@ -11,7 +11,8 @@ the broker disconnect it)::
 
     client <device>   clientid = <device> (bound: the CONNECT must carry it)
       role tandem-device-<device>
-        publishClientSend     {p}/dev/<device>/infer/+  generate/+  cancel  status  telemetry
+        publishClientSend     {p}/dev/<device>/infer/+  generate/+  generate/+/+  cancel
+                              status  telemetry   (generate/+/+: a turn for one hub replica)
                               ({p}/infer/+ too with legacy_topics, for a migration)
         subscribePattern      {p}/dev/<device>/#        (its own subtree only)
         publishClientReceive  {p}/dev/<device>/reply    {p}/dev/<device>/text
@@ -19,9 +20,11 @@ the broker disconnect it)::
     client <hub>      role tandem-hub
         subscribePattern      $share/<group>/{p}/dev/+/infer/+   {p}/dev/+/infer/+
                               $share/<group>/{p}/dev/+/generate/+   {p}/dev/+/generate/+
+                              $share/<group>/{p}/dev/+/generate/+/+ {p}/dev/+/generate/+/+
                               {p}/dev/+/cancel   (never shared: every replica hears a cancel)
                               $share/<group>/{p}/infer/+         {p}/infer/+   (legacy)
         publishClientReceive  {p}/dev/+/infer/+   {p}/dev/+/generate/+   {p}/dev/+/cancel
+                              {p}/dev/+/generate/+/+
                               {p}/infer/+
         publishClientSend     {p}/dev/+/reply   {p}/dev/+/text
     client <cdn>      role tandem-cdn
@@ -109,8 +112,8 @@ def _acl(kind: str, topic: str) -> dict[str, Any]:
 
 def _device_role(p: str, device: str, *, legacy_topics: bool) -> dict[str, Any]:
     own = f"{p}/dev/{device}"
-    sends = [f"{own}/infer/+", f"{own}/generate/+", f"{own}/cancel", f"{own}/status",
-             f"{own}/telemetry"]  # fmt: skip
+    sends = [f"{own}/infer/+", f"{own}/generate/+", f"{own}/generate/+/+", f"{own}/cancel",
+             f"{own}/status", f"{own}/telemetry"]  # fmt: skip
     if legacy_topics:
         sends.append(f"{p}/infer/+")
     reads = [f"{own}/reply", f"{own}/text", f"{own}/assign"]
@@ -123,7 +126,8 @@ def _device_role(p: str, device: str, *, legacy_topics: bool) -> dict[str, Any]:
 
 
 def _service_roles(p: str, share_group: str) -> list[dict[str, Any]]:
-    requests = [f"{p}/dev/+/infer/+", f"{p}/dev/+/generate/+", f"{p}/infer/+"]
+    sticky = f"{p}/dev/+/generate/+/+"  # turns for one replica (its ingress processes share)
+    requests = [f"{p}/dev/+/infer/+", f"{p}/dev/+/generate/+", sticky, f"{p}/infer/+"]
     cancels = f"{p}/dev/+/cancel"  # not shared: the replica running the turn must hear it
     subscriptions = [f"$share/{share_group}/{t}" for t in requests] + requests + [cancels]
     reports = [f"{p}/dev/+/status", f"{p}/dev/+/telemetry"]
