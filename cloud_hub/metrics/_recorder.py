@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TRANSPORTS", "UNSERVED", "Counted", "RequestRecorder", "count_of", "served_labels"]
 
-TRANSPORTS = ("http", "mqtt")
+TRANSPORTS = ("http", "mqtt", "grpc")
 UNSERVED = "_unserved"
 """The model or version label of a request for what is not served (never an empty label)."""
 

@@ -1,0 +1,371 @@
+"""The hub's KServe v2 gRPC API with Triton's own ``tritonclient.grpc``, unchanged, against
+real servers on loopback: an in-process hub (real ONNX Runtime, real grpc.aio server in
+its thread) and the multi-process hub (supervisor, HTTP ingress serving gRPC, executor
+processes). Answers are compared with the HTTP API's for the same input, not with
+numbers written here. Also: our .proto's field numbers and types are Triton's, and the
+checked-in generated modules are what protoc makes of it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from google.protobuf.descriptor import Descriptor
+
+from cloud_hub import Hub
+from cloud_hub.grpc import GrpcServer, decode_model_infer, encode_model_infer
+from cloud_hub.grpc import inference_pb2 as pb
+from cloud_hub.grpc import inference_pb2_grpc as pb_grpc
+from cloud_hub.http import HttpServer, create_app
+from shared import Limits
+from shared.server import ApiKeyFile, ApiKeyGuard, generate_api_key
+
+from ._brokers import free_port
+from ._hub_http_kit import WAIT_S, rows
+from ._hub_http_kit import hub_fixture as hub_fixture
+from ._plane import expected_logits, linear_repo, running_hub
+
+tritongrpc = pytest.importorskip("tritonclient.grpc")  # dev dependencies: the test oracles
+tritonhttp = pytest.importorskip("tritonclient.http")
+triton_pb = pytest.importorskip("tritonclient.grpc.service_pb2")
+
+ROOT = Path(__file__).resolve().parents[1]
+GENERATED = ("inference_pb2.py", "inference_pb2.pyi", "inference_pb2_grpc.py")
+
+
+# -- the protocol files ------------------------------------------------------------------------
+
+
+def _messages(descriptor: Descriptor) -> Iterator[Descriptor]:
+    yield descriptor
+    for nested in descriptor.nested_types:
+        yield from _messages(nested)
+
+
+def test_every_field_we_define_has_tritons_number_and_type() -> None:
+    theirs = triton_pb.DESCRIPTOR
+    checked = 0
+    for top in pb.DESCRIPTOR.message_types_by_name.values():
+        for ours in _messages(top):
+            their = theirs.pool.FindMessageTypeByName(ours.full_name)
+            for field in ours.fields:
+                other = their.fields_by_name.get(field.name)
+                assert other is not None, f"Triton's {ours.full_name} has no {field.name}"
+                where = f"{ours.full_name}.{field.name}"
+                assert field.number == other.number, where
+                assert field.type == other.type, where
+                assert field.is_repeated == other.is_repeated, where
+                assert (field.message_type and field.message_type.full_name) == (
+                    other.message_type and other.message_type.full_name
+                ), where
+                assert (field.containing_oneof and field.containing_oneof.name) == (
+                    other.containing_oneof and other.containing_oneof.name
+                ), where
+                checked += 1
+    assert checked > 50
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    their_service = theirs.services_by_name["GRPCInferenceService"]
+    assert service.full_name == their_service.full_name  # the RPC paths clients call
+    for method in service.methods:
+        other = their_service.methods_by_name[method.name]
+        assert method.input_type.full_name == other.input_type.full_name
+        assert method.output_type.full_name == other.output_type.full_name
+
+
+def test_the_checked_in_modules_are_what_the_proto_generates(tmp_path: Path) -> None:
+    pytest.importorskip("grpc_tools")
+    script = ROOT / "scripts" / "generate-grpc"
+    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, timeout=120)
+    for name in GENERATED:
+        fresh = (tmp_path / name).read_text()
+        assert fresh == (ROOT / "cloud_hub" / "grpc" / name).read_text(), (
+            f"cloud_hub/grpc/{name} is stale: run python scripts/generate-grpc"
+        )
+
+
+# -- the codec alone ---------------------------------------------------------------------------
+
+
+def _typed_request(datatype: str, shape: list[int], **contents: Any) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="m")
+    request.inputs.add(
+        name="x", datatype=datatype, shape=shape, contents=pb.InferTensorContents(**contents)
+    )
+    return request
+
+
+def test_typed_contents_decode_to_their_datatype() -> None:
+    decoded = decode_model_infer(_typed_request("INT8", [2, 2], int_contents=[1, -2, 3, 127]),
+                                 limits=Limits())  # fmt: skip
+    x = decoded.inputs["x"]
+    assert x.dtype == np.int8 and x.shape == (2, 2)
+    assert x.tolist() == [[1, -2], [3, 127]]
+
+
+@pytest.mark.parametrize(
+    ("request_", "says"),
+    [
+        (_typed_request("INT8", [1], int_contents=[300]), "does not fit INT8"),
+        (_typed_request("FP32", [3], fp32_contents=[1.0, 2.0]), "holds 3 elements"),
+        (_typed_request("FP32", [1], int_contents=[1]), "goes in contents.fp32_contents"),
+        (_typed_request("FP16", [1], fp32_contents=[1.0]), "raw_input_contents only"),
+        (_typed_request("FP99", [1], fp32_contents=[1.0]), "unknown datatype"),
+    ],
+)
+def test_typed_contents_that_do_not_fit_are_refused(
+    request_: pb.ModelInferRequest, says: str
+) -> None:
+    from cloud_hub import HubError
+
+    with pytest.raises(HubError, match=says):
+        decode_model_infer(request_, limits=Limits())
+
+
+def test_raw_contents_must_be_one_per_input_and_add_up() -> None:
+    from shared import TandemError
+
+    request = pb.ModelInferRequest(model_name="m", raw_input_contents=[b"\0" * 8, b""])
+    request.inputs.add(name="x", datatype="FP32", shape=[2])
+    with pytest.raises(TandemError, match="2 entries for 1 inputs"):
+        decode_model_infer(request, limits=Limits())
+    del request.raw_input_contents[1]
+    request.raw_input_contents[0] = b"\0" * 7
+    with pytest.raises(TandemError):
+        decode_model_infer(request, limits=Limits())
+
+
+def test_a_response_carries_each_output_raw_in_the_requested_order() -> None:
+    outputs = {"a": np.arange(3, dtype=np.int64), "b": np.array([[1.5]], dtype=np.float32)}
+    response = encode_model_infer(outputs, model="m", version="1")
+    assert [(o.name, o.datatype, list(o.shape)) for o in response.outputs] == [
+        ("a", "INT64", [3]),
+        ("b", "FP32", [1, 1]),
+    ]
+    assert response.raw_output_contents[0] == outputs["a"].tobytes()
+    assert response.raw_output_contents[1] == outputs["b"].tobytes()
+
+
+# -- an in-process hub served over gRPC and HTTP -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def servers(hub: Hub) -> Iterator[tuple[str, str]]:
+    """(gRPC target, HTTP host:port) of the same hub."""
+    with GrpcServer(hub, port=0) as grpc_server, HttpServer(create_app(hub), port=0) as http:
+        yield grpc_server.target, http.url.removeprefix("http://")
+
+
+@pytest.fixture
+def client(servers: tuple[str, str]) -> Iterator[Any]:
+    triton = tritongrpc.InferenceServerClient(servers[0])
+    yield triton
+    triton.close()
+
+
+def _input(name: str, array: np.ndarray, datatype: str, module: Any = tritongrpc) -> Any:
+    tensor = module.InferInput(name, list(array.shape), datatype)
+    if module is tritonhttp:
+        tensor.set_data_from_numpy(array, binary_data=True)
+    else:
+        tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def _status(error: BaseException) -> str:
+    return str(error.status())  # type: ignore[attr-defined]
+
+
+def test_health_metadata_and_readiness(client: Any) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("linear")
+    assert client.is_model_ready("linear", "1")
+    assert not client.is_model_ready("no-such-model")
+    metadata = client.get_model_metadata("linear", as_json=True)
+    assert metadata["name"] == "linear" and metadata["versions"] == ["1"]
+    assert metadata["inputs"] == [{"name": "x", "datatype": "FP32", "shape": ["-1", "16"]}]
+    assert client.get_server_metadata(as_json=True)["name"] == "tandem-hub"
+
+
+def test_fp32_raw_contents_answer_what_http_binary_answers(
+    client: Any, servers: tuple[str, str]
+) -> None:
+    x = rows(3, seed=7)
+    over_grpc = client.infer("linear", [_input("x", x, "FP32")], request_id="r-1")
+    http = tritonhttp.InferenceServerClient(servers[1])
+    try:
+        over_http = http.infer("linear", [_input("x", x, "FP32", tritonhttp)])
+    finally:
+        http.close()
+    assert over_grpc.get_response().id == "r-1"
+    logits = over_grpc.as_numpy("logits")
+    assert logits.dtype == np.float32 and logits.shape[0] == 3
+    np.testing.assert_array_equal(logits, over_http.as_numpy("logits"))
+
+
+def test_int_bool_and_bytes_tensors_come_back_as_sent(client: Any) -> None:
+    inputs = {
+        "ids": (np.array([[2**40, -5]], dtype=np.int64), "INT64"),
+        "flag": (np.array([[True, False]]), "BOOL"),
+        "text": (np.array([[b"caf\xc3\xa9", b""]], dtype=object), "BYTES"),
+        "half": (np.array([[0.5, -2.0]], dtype=np.float16), "FP16"),
+    }
+    result = client.infer("echo", [_input(n, a, t) for n, (a, t) in inputs.items()])
+    for name, (array, _) in inputs.items():
+        got = result.as_numpy(f"{name}_out")
+        assert got.shape == array.shape
+        assert got.tolist() == array.tolist(), name
+
+
+def test_typed_contents_answer_what_raw_contents_answer(
+    client: Any, servers: tuple[str, str]
+) -> None:
+    x = rows(2, seed=3)
+    raw = client.infer("linear", [_input("x", x, "FP32")]).as_numpy("logits")
+    request = pb.ModelInferRequest(model_name="linear")
+    contents = pb.InferTensorContents(fp32_contents=x.ravel().tolist())
+    request.inputs.add(name="x", datatype="FP32", shape=x.shape, contents=contents)
+    request.outputs.add(name="logits")
+    with grpc.insecure_channel(servers[0]) as channel:
+        response = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=WAIT_S)
+    (output,) = response.outputs
+    assert (output.name, output.datatype, list(output.shape)) == ("logits", "FP32", list(raw.shape))
+    typed = np.frombuffer(response.raw_output_contents[0], dtype="<f4").reshape(raw.shape)
+    np.testing.assert_array_equal(typed, raw)
+
+
+def test_a_bad_shape_is_invalid_argument(client: Any) -> None:
+    wrong = np.zeros((1, 15), dtype=np.float32)
+    with pytest.raises(tritongrpc.InferenceServerException) as caught:
+        client.infer("linear", [_input("x", wrong, "FP32")])
+    assert _status(caught.value) == "StatusCode.INVALID_ARGUMENT"
+    assert "\n" not in caught.value.message()
+
+
+def test_an_unknown_model_is_not_found(client: Any) -> None:
+    with pytest.raises(tritongrpc.InferenceServerException) as caught:
+        client.infer("no-such-model", [_input("x", rows(1), "FP32")])
+    assert _status(caught.value) == "StatusCode.NOT_FOUND"
+    with pytest.raises(tritongrpc.InferenceServerException) as caught:
+        client.get_model_metadata("no-such-model")
+    assert _status(caught.value) == "StatusCode.NOT_FOUND"
+
+
+def test_an_unknown_requested_output_is_invalid_argument(client: Any) -> None:
+    with pytest.raises(tritongrpc.InferenceServerException) as caught:
+        client.infer("linear", [_input("x", rows(1), "FP32")],
+                     outputs=[tritongrpc.InferRequestedOutput("nope")])  # fmt: skip
+    assert _status(caught.value) == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_rpcs_we_do_not_serve_are_unimplemented(client: Any) -> None:
+    with pytest.raises(tritongrpc.InferenceServerException) as caught:
+        client.get_model_config("linear")
+    assert _status(caught.value) == "StatusCode.UNIMPLEMENTED"
+
+
+def test_a_message_above_the_size_limit_is_refused(hub: Hub) -> None:
+    with GrpcServer(hub, port=0, max_message_bytes=64 * 1024) as small:
+        triton = tritongrpc.InferenceServerClient(small.target)
+        try:
+            fits = triton.infer("linear", [_input("x", rows(8), "FP32")])
+            assert fits.as_numpy("logits").shape[0] == 8
+            big = np.zeros((2048, 16), dtype=np.float32)  # 128 KiB of tensor
+            with pytest.raises(tritongrpc.InferenceServerException) as caught:
+                triton.infer("linear", [_input("x", big, "FP32")])
+            assert _status(caught.value) == "StatusCode.RESOURCE_EXHAUSTED"
+        finally:
+            triton.close()
+
+
+# -- API keys ------------------------------------------------------------------------------
+
+
+class _Clock:
+    now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _key(keys_file: Path, *scopes: str, burst: int = 100) -> str:
+    text, key = generate_api_key(scopes, name="test", rate=1.0, burst=burst)
+    ApiKeyFile(keys_file).add(key)
+    return text
+
+
+@pytest.fixture
+def secured(hub: Hub, tmp_path: Path) -> Iterator[tuple[Any, Path]]:
+    keys_file = tmp_path / "api-keys.json"
+    ApiKeyFile(keys_file).add(generate_api_key(["infer"])[1])  # a file with a stranger
+    guard = ApiKeyGuard(ApiKeyFile(keys_file).keys, clock=_Clock())  # no refill: time stands
+    with GrpcServer(hub, port=0, api_keys=guard) as server:
+        triton = tritongrpc.InferenceServerClient(server.target)
+        yield triton, keys_file
+        triton.close()
+
+
+def _infer_status(triton: Any, headers: dict[str, str] | None) -> str:
+    try:
+        triton.infer("linear", [_input("x", rows(1), "FP32")], headers=headers)
+    except tritongrpc.InferenceServerException as e:
+        return _status(e)
+    return "OK"
+
+
+def test_without_a_valid_key_model_rpcs_are_unauthenticated(secured: tuple[Any, Path]) -> None:
+    triton, keys_file = secured
+    assert triton.is_server_live() and triton.is_server_ready()  # the probes stay open
+    assert _infer_status(triton, None) == "StatusCode.UNAUTHENTICATED"
+    assert _infer_status(triton, {"authorization": "Basic abc"}) == "StatusCode.UNAUTHENTICATED"
+    forged = _key(keys_file, "infer")[:-4] + "AAAA"
+    assert _infer_status(triton, {"authorization": f"Bearer {forged}"}) == (
+        "StatusCode.UNAUTHENTICATED"
+    )
+    with pytest.raises(tritongrpc.InferenceServerException) as caught:
+        triton.get_model_metadata("linear")
+    assert _status(caught.value) == "StatusCode.UNAUTHENTICATED"
+
+
+def test_a_key_needs_the_scope_and_its_rate(secured: tuple[Any, Path]) -> None:
+    triton, keys_file = secured
+    reader = {"authorization": f"Bearer {_key(keys_file, 'models:read')}"}
+    assert triton.get_model_metadata("linear", headers=reader, as_json=True)["name"] == "linear"
+    assert _infer_status(triton, reader) == "StatusCode.PERMISSION_DENIED"
+    inferer = {"authorization": f"Bearer {_key(keys_file, 'infer', burst=2)}"}
+    assert [_infer_status(triton, inferer) for _ in range(3)] == [
+        "OK", "OK", "StatusCode.RESOURCE_EXHAUSTED",
+    ]  # fmt: skip
+
+
+# -- the multi-process hub -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_process_plane_serves_grpc_from_its_http_ingress(tmp_path: Path) -> None:
+    repo = linear_repo(tmp_path / "repo")
+    http_port, grpc_port = free_port(), free_port()
+    with running_hub(repo, None, mqtt=0, http_port=http_port, http=2, grpc_port=grpc_port):
+        triton = tritongrpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        try:
+            assert triton.is_server_live()
+            from ._plane import wait_until
+
+            wait_until(triton.is_server_ready, what="the hub ready over gRPC")
+            assert triton.is_model_ready("linear")
+            rng = np.random.default_rng(11)
+            for n in (1, 3, 8):
+                x = rng.normal(size=(n, 16)).astype(np.float32)
+                got = triton.infer("linear", [_input("x", x, "FP32")]).as_numpy("logits")
+                np.testing.assert_allclose(got, expected_logits(x), rtol=1e-5, atol=1e-5)
+            with pytest.raises(tritongrpc.InferenceServerException) as caught:
+                triton.infer("linear", [_input("x", np.zeros((1, 3), np.float32), "FP32")])
+            assert _status(caught.value) == "StatusCode.INVALID_ARGUMENT"
+        finally:
+            triton.close()
