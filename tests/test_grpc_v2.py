@@ -27,7 +27,7 @@ from shared import Limits
 from shared.server import ApiKeyFile, ApiKeyGuard, generate_api_key
 
 from ._brokers import free_port
-from ._hub_http_kit import WAIT_S, rows
+from ._hub_http_kit import WAIT_S, metric, rows
 from ._hub_http_kit import hub_fixture as hub_fixture
 from ._plane import expected_logits, linear_repo, running_hub
 
@@ -209,6 +209,17 @@ def test_fp32_raw_contents_answer_what_http_binary_answers(
     np.testing.assert_array_equal(logits, over_http.as_numpy("logits"))
 
 
+def test_grpc_answers_are_counted_under_their_own_transport(client: Any, hub: Hub) -> None:
+    def counted() -> float:
+        text = hub.prometheus.render().decode()
+        return metric(text, "tandem_inference_request_success_total", model="linear",
+                      transport="grpc")  # fmt: skip
+
+    before = counted()
+    client.infer("linear", [_input("x", rows(2), "FP32")])
+    assert counted() == before + 1
+
+
 def test_int_bool_and_bytes_tensors_come_back_as_sent(client: Any) -> None:
     inputs = {
         "ids": (np.array([[2**40, -5]], dtype=np.int64), "INT64"),
@@ -271,15 +282,32 @@ def test_rpcs_we_do_not_serve_are_unimplemented(client: Any) -> None:
 
 
 def test_a_message_above_the_size_limit_is_refused(hub: Hub) -> None:
-    with GrpcServer(hub, port=0, max_message_bytes=64 * 1024) as small:
+    with GrpcServer(hub, port=0, max_message_bytes=300) as small:
         triton = tritongrpc.InferenceServerClient(small.target)
         try:
-            fits = triton.infer("linear", [_input("x", rows(8), "FP32")])
-            assert fits.as_numpy("logits").shape[0] == 8
-            big = np.zeros((2048, 16), dtype=np.float32)  # 128 KiB of tensor
+            fits = triton.infer("linear", [_input("x", rows(1), "FP32")])  # 64 bytes of tensor
+            assert fits.as_numpy("logits").shape[0] == 1
             with pytest.raises(tritongrpc.InferenceServerException) as caught:
-                triton.infer("linear", [_input("x", big, "FP32")])
+                triton.infer("linear", [_input("x", rows(8), "FP32")])  # 512: a model's size
             assert _status(caught.value) == "StatusCode.RESOURCE_EXHAUSTED"
+            assert "larger than max" in caught.value.message()  # gRPC's refusal, not ours
+        finally:
+            triton.close()
+
+
+def test_requests_held_at_once_share_a_byte_budget(hub: Hub) -> None:
+    from cloud_hub.http._bodies import ByteBudget
+
+    budget = ByteBudget(4096)
+    with GrpcServer(hub, port=0, budget=budget) as server:
+        triton = tritongrpc.InferenceServerClient(server.target)
+        try:
+            assert triton.infer("linear", [_input("x", rows(8), "FP32")]).as_numpy("logits").size
+            with pytest.raises(tritongrpc.InferenceServerException) as caught:
+                triton.infer("linear", [_input("x", rows(64), "FP32")])  # 4 KiB of tensor
+            assert _status(caught.value) == "StatusCode.UNAVAILABLE"
+            assert budget.held == 0  # answered or refused, every lease is given back
+            assert triton.infer("linear", [_input("x", rows(8), "FP32")]).as_numpy("logits").size
         finally:
             triton.close()
 

@@ -31,6 +31,7 @@ from shared.server import ApiKeyGuard
 from .._errors import HubError
 from .._hub import Hub
 from ..http import DEFAULT_MAX_BODY_BYTES, ServedHub
+from ..http._bodies import ByteBudget
 from . import inference_pb2_grpc as pb_grpc
 from ._servicer import InferenceServicer
 
@@ -44,6 +45,8 @@ class GrpcServer:
     """The KServe v2 gRPC API of ``hub`` on ``host:port`` (0: a free port, see ``port``).
 
     ``hub``: an in-process ``Hub`` (served as ``create_app`` serves it) or a ``ServedHub``.
+    ``budget``: an HTTP app's ``ByteBudget`` (``app.state.byte_budget``) when both run
+    on one event loop: requests of both protocols then share its limit.
     """
 
     def __init__(
@@ -56,12 +59,13 @@ class GrpcServer:
         tls: TlsSettings | None = None,
         max_message_bytes: int = DEFAULT_MAX_BODY_BYTES,
         reuse_port: bool = True,
+        budget: ByteBudget | None = None,
     ) -> None:
         if tls is not None and (tls.certfile is None or tls.keyfile is None):
             raise HubError("gRPC over TLS needs the server's certificate and key")
         if max_message_bytes <= 0:
             raise ValueError("max_message_bytes must be positive")
-        self.servicer = InferenceServicer(ServedHub.of(hub), api_keys=api_keys)
+        self.servicer = InferenceServicer(ServedHub.of(hub), api_keys=api_keys, budget=budget)
         self.host, self.port = host, port
         self.tls = tls
         self.options = [

@@ -21,7 +21,9 @@ metadata and are checked by the same ``ApiKeyGuard`` (same scopes, same rate
 buckets) as HTTP's: ServerLive, ServerReady and ServerMetadata are open, as
 their HTTP routes are; ModelReady and ModelMetadata need ``models:read`` or
 ``infer``; ModelInfer needs ``infer``. ModelReady answers ``ready: false`` for
-a model that is not served, as Triton does (HTTP answers 404).
+a model that is not served, as Triton does (HTTP answers 404). With ``budget``
+(the HTTP API's ``ByteBudget``, in a hub's ingress process) an infer request's
+message counts against the same bytes-held-at-once limit as HTTP bodies.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from shared.server import ApiKeyGuard
 from .._dispatch import answer_of
 from .._errors import ExecutorError, HubError, error_code
 from ..http import SERVER_NAME, ServedHub, server_version
+from ..http._bodies import ByteBudget
 from . import inference_pb2 as pb
 from . import inference_pb2_grpc as pb_grpc
 from ._codec import check_requested_outputs, decode_model_infer, encode_model_infer
@@ -89,11 +92,18 @@ def _one_line(text: str) -> str:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """The RPCs over ``hub``; with ``api_keys``, the model RPCs need a key (module docstring)."""
 
-    def __init__(self, hub: ServedHub, *, api_keys: ApiKeyGuard | None = None) -> None:
+    def __init__(
+        self,
+        hub: ServedHub,
+        *,
+        api_keys: ApiKeyGuard | None = None,
+        budget: ByteBudget | None = None,
+    ) -> None:
         self.hub = hub
         self.dispatcher = hub.dispatcher
         self.limits: Limits = hub.limits
         self.api_keys = api_keys
+        self.budget = budget  # request bytes held at once, shared with the HTTP API's
 
     async def ServerLive(
         self, request: pb.ServerLiveRequest, context: aio.ServicerContext
@@ -151,7 +161,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         received = time.monotonic()
         model, version = request.model_name, request.model_version or None
         await self._authorize(context, _INFER)
+        lease = None if self.budget is None else self.budget.lease()
         try:
+            if lease is not None:
+                lease.hold(request.ByteSize())  # past the budget: UNAVAILABLE, at once
             info = self.dispatcher.describe(model, version)
             decoded = decode_model_infer(request, limits=self.limits)
             del request  # the tensors are decoded: the message can go
@@ -176,6 +189,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             status, code, message = status_of(e)
             self.hub.metrics.record("grpc", model, version, received=received, error=code)
             await context.abort(status, message)
+        finally:
+            if lease is not None:
+                lease.release()  # answered, refused or cancelled: its bytes are free again
         self.hub.metrics.record("grpc", model, version, received=received, result=result)
         return response
 

@@ -311,7 +311,12 @@ def run_http_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
         from ..grpc import GrpcServer
 
         grpc_server = GrpcServer(
-            served_hub, host=spec.http_host, port=spec.grpc_port, api_keys=guard, tls=tls
+            served_hub,
+            host=spec.http_host,
+            port=spec.grpc_port,
+            api_keys=guard,
+            tls=tls,
+            budget=app.state.byte_budget,  # one limit on the bytes both protocols hold
         )
     # Served at once (liveness; readiness says what is missing), started by the supervisor
     # before the executors; it says "ready" once connected to all of them, or after _CONNECT_S.
