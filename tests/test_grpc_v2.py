@@ -397,3 +397,67 @@ def test_the_process_plane_serves_grpc_from_its_http_ingress(tmp_path: Path) -> 
             assert _status(caught.value) == "StatusCode.INVALID_ARGUMENT"
         finally:
             triton.close()
+
+
+def test_grpc_port_needs_the_http_ingress_and_a_port_of_its_own() -> None:
+    from cloud_hub.plane import check_options
+
+    def problem(**ports: int) -> tuple[str, str] | None:
+        return check_options(log_level="info", log_format="text", workers=1, no_share=False,
+                             **ports)  # type: ignore[arg-type]  # fmt: skip
+
+    assert problem(http_port=8000, grpc_port=8001) is None
+    assert problem(http_port=8000, grpc_port=0) is None
+    assert problem(http_port=0, grpc_port=8001) == (
+        "--grpc-port", "gRPC is served by the HTTP ingress processes: give --http-port too",
+    )  # fmt: skip
+    assert problem(http_port=8000, grpc_port=8000)[0] == "--grpc-port"  # type: ignore[index]
+    assert problem(http_port=8000, grpc_port=70000)[0] == "--grpc-port"  # type: ignore[index]
+
+
+def test_grpc_over_tls_with_the_hubs_certificate(hub: Hub, tmp_path: Path) -> None:
+    from shared import TlsSettings
+
+    from ._pki import make_pki
+
+    pki = make_pki(tmp_path)
+    tls = TlsSettings(certfile=str(pki.server_cert), keyfile=str(pki.server_key))
+    with GrpcServer(hub, port=0, tls=tls) as server:
+        secure = tritongrpc.InferenceServerClient(
+            server.target, ssl=True, root_certificates=str(pki.ca)
+        )
+        plain = tritongrpc.InferenceServerClient(server.target)
+        try:
+            got = secure.infer("linear", [_input("x", rows(2), "FP32")]).as_numpy("logits")
+            assert got.shape[0] == 2
+            with pytest.raises(tritongrpc.InferenceServerException) as caught:
+                plain.infer("linear", [_input("x", rows(2), "FP32")], client_timeout=10)
+            assert _status(caught.value) in (
+                "StatusCode.UNAVAILABLE",
+                "StatusCode.DEADLINE_EXCEEDED",
+            )
+        finally:
+            secure.close()
+            plain.close()
+
+
+@pytest.mark.slow
+def test_tandem_hub_serves_grpc_behind_its_api_keys(tmp_path: Path, mosquitto: Any) -> None:
+    from ._hub_process import tandem_hub
+
+    repo = linear_repo(tmp_path / "repo")
+    keys_file = tmp_path / "api-keys.json"
+    key = _key(keys_file, "infer")
+    http_port, grpc_port = free_port(), free_port()
+    extra = ("--grpc-port", str(grpc_port), "--api-keys", str(keys_file), "--workers", "1")
+    with tandem_hub(repo, mosquitto.url, http_port, tmp_path / "hub.log", *extra):
+        triton = tritongrpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        try:
+            x = rows(3, seed=5)
+            answer = triton.infer("linear", [_input("x", x, "FP32")],
+                                  headers={"authorization": f"Bearer {key}"})  # fmt: skip
+            np.testing.assert_allclose(answer.as_numpy("logits"), expected_logits(x),
+                                       rtol=1e-5, atol=1e-5)  # fmt: skip
+            assert _infer_status(triton, None) == "StatusCode.UNAUTHENTICATED"
+        finally:
+            triton.close()
