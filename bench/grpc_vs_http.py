@@ -13,8 +13,10 @@ connections posting a prepared binary-tensor body (``bench._load.HttpLoad``,
 what part c uses for "HTTP binary"); gRPC through N channels, each its own
 TCP connection, calling ModelInfer with a prepared serialized request, input
 in ``raw_input_contents`` as ``tritonclient.grpc`` sends it
-(``bench._load_grpc.GrpcLoad``). N is 1 and 64. Every round runs the four
-points, the two protocols interleaved (the order alternates between rounds);
+(``bench._load_grpc.GrpcLoad``). A second hub, the same but without
+``--grpc-port``, answers the same HTTP load: what turning gRPC on costs the
+HTTP path. N is 1 and 64. Every round runs the six points, interleaved (the
+order alternates between rounds);
 figures are the medians over rounds. The hub's CPU (all its processes, from
 /proc) and of its ingress process over each point's whole run, divided by the
 answers of that run, give their CPU per request: what the protocol costs the
@@ -49,14 +51,19 @@ from ._procs import (
 __all__ = ["run"]
 
 QUICK = os.environ.get("TANDEM_BENCH_QUICK") == "1"
-ROUNDS = 1 if QUICK else 5
+ROUNDS = 1 if QUICK else 9
 WARM_S = 0.3 if QUICK else 0.5
 WINDOW_S = 0.5 if QUICK else 2.0
 CONNECTIONS = (1, 64)
 CONFIG = {"max_batch_size": 64, "max_queue_delay_ms": 2}
 MODEL = "tiny"
 INPUT = "x"
-PROTOCOLS = ("http", "grpc")
+PROTOCOLS = ("http", "grpc", "http-alone")  # http-alone: a second hub, without --grpc-port
+_LABELS = {
+    "http": "HTTP binary tensors",
+    "grpc": "gRPC (raw_input_contents)",
+    "http-alone": "HTTP binary, hub without gRPC",
+}
 
 
 def run() -> dict[str, Any]:
@@ -67,20 +74,26 @@ def run() -> dict[str, Any]:
         repo = work / "repo"
         write_model(repo, MODEL, _tiny_model(), CONFIG)
         grpc_port = free_port()
-        args = ["--workers", "1", "--http-workers", "1", "--grpc-port", str(grpc_port)]
+        args = ["--workers", "1", "--http-workers", "1"]
         with (
             BrokerProcess(work).start() as broker,
-            HubProcess(repo, f"mqtt://127.0.0.1:{broker.port}", work, args=args).start() as hub,
-        ):
+            HubProcess(
+                repo, broker_url := f"mqtt://127.0.0.1:{broker.port}", work,
+                args=[*args, "--grpc-port", str(grpc_port)],
+            ).start() as hub,
+            HubProcess(repo, broker_url, work, args=args).start() as alone,
+        ):  # fmt: skip
             target = f"127.0.0.1:{grpc_port}"
             _wait_grpc_ready(target)
             body, headers = binary_infer_request(INPUT, image)
+            path = f"/v2/models/{MODEL}/infer"
             loads = {
-                "http": HttpLoad(hub.http_port, f"/v2/models/{MODEL}/infer", body, headers),
-                "grpc": GrpcLoad(target, infer_request_bytes(MODEL, INPUT, image)),
+                "http": (HttpLoad(hub.http_port, path, body, headers), hub.pid),
+                "grpc": (GrpcLoad(target, infer_request_bytes(MODEL, INPUT, image)), hub.pid),
+                "http-alone": (HttpLoad(alone.http_port, path, body, headers), alone.pid),
             }
             checked = _check_same_answer(hub.http_port, target, image)
-            points = _measure(loads, hub.pid)
+            points = _measure(loads)
     return _result(points, checked, load_before, os.getloadavg())
 
 
@@ -149,17 +162,20 @@ def _check_same_answer(http_port: int, target: str, image: np.ndarray) -> bool:
     return True
 
 
-def _measure(loads: dict[str, Any], hub_pid: int) -> dict[str, list[dict[str, float]]]:
+def _measure(loads: dict[str, tuple[Any, int]]) -> dict[str, list[dict[str, float]]]:
+    """Every point in every round; ``loads``: protocol -> (load, the hub's supervisor PID)."""
     points: dict[str, list[dict[str, float]]] = {
         f"{p}@{n}": [] for p in PROTOCOLS for n in CONNECTIONS
     }
-    (ingress,) = hub_processes(hub_pid)["http 0"]  # serves both protocols
+    ingresses = {pid: hub_processes(pid)["http 0"][0] for _, pid in loads.values()}
     for round_ in range(ROUNDS):
         order = PROTOCOLS if round_ % 2 == 0 else PROTOCOLS[::-1]
         for n in CONNECTIONS:
             for protocol in order:
+                load, hub_pid = loads[protocol]
+                ingress = ingresses[hub_pid]  # with --grpc-port: serves both protocols
                 cpu0, ingress0 = tree_cpu_ns(hub_pid), cpu_ns(ingress)
-                window: Window = loads[protocol].run(n, WARM_S, WINDOW_S)
+                window: Window = load.run(n, WARM_S, WINDOW_S)
                 cpu, ingress_cpu = tree_cpu_ns(hub_pid) - cpu0, cpu_ns(ingress) - ingress0
                 answered = max(1, window.answered)
                 latencies = sorted(window.latencies_ms)
@@ -197,9 +213,10 @@ def _result(
         for protocol in PROTOCOLS:
             runs = points[f"{protocol}@{n}"]
             rows.append([
-                "gRPC (raw_input_contents)" if protocol == "grpc" else "HTTP binary tensors",
+                _LABELS[protocol],
                 n,
                 f"{_median(runs, 'req_s'):.0f}",
+                f"{min(r['req_s'] for r in runs):.0f}-{max(r['req_s'] for r in runs):.0f}",
                 f"{_median(runs, 'p50_ms'):.2f}",
                 f"{_median(runs, 'p99_ms'):.2f}",
                 f"{_median(runs, 'ingress_cpu_us_per_request'):.0f}",
@@ -220,12 +237,27 @@ def _result(
             "met": None,
             "limited_by": None,
         })  # fmt: skip
+    for n in CONNECTIONS:
+        on = _median(points[f"http@{n}"], "req_s")
+        off = _median(points[f"http-alone@{n}"], "req_s")
+        on_cpu = _median(points[f"http@{n}"], "ingress_cpu_us_per_request")
+        off_cpu = _median(points[f"http-alone@{n}"], "ingress_cpu_us_per_request")
+        targets.append({
+            "name": f"HTTP binary throughput, hub with gRPC on / without, {n} connection"
+                    f"{'s' if n > 1 else ''}",
+            "target": "none (reported)",
+            "measured": f"{on / off:.2f}x ({on:.0f} vs {off:.0f} req/s; ingress CPU "
+                        f"{on_cpu:.0f} vs {off_cpu:.0f} µs/request)",
+            "met": None,
+            "limited_by": None,
+        })  # fmt: skip
     return {
         "part": "grpc",
         "title": "(c2) Hub: KServe v2 gRPC against HTTP binary tensors",
         "summary": (
             "python -m cloud_hub --workers 1 --http-workers 1 --grpc-port: one HTTP ingress "
-            "process serving both protocols, one executor process; a linear model over a "
+            "process serving both protocols, one executor process (and a second hub without "
+            "--grpc-port, for HTTP alone); a linear model over a "
             f"28x28 FP32 image, max_batch_size {CONFIG['max_batch_size']}, max_queue_delay_ms "
             f"{CONFIG['max_queue_delay_ms']}. Closed-loop load from one process on the same "
             f"machine; {ROUNDS} rounds of {WINDOW_S:g} s windows (after {WARM_S:g} s warm-up), "
@@ -240,6 +272,7 @@ def _result(
                     "protocol",
                     "connections",
                     "req/s",
+                    "req/s, rounds' range",
                     "p50 ms",
                     "p99 ms",
                     "ingress CPU µs/request",
@@ -256,7 +289,9 @@ def _result(
             "the client can bound gRPC's figure before the hub does. CPU per request is the "
             "server-side comparison: of the HTTP ingress process (which serves both protocols), "
             "and of the whole hub (its idle polling included, so higher at low rates).",
-            f"Load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after.",
+            f"Load average (1 min) {load_before[0]:.2f} before, {load_after[0]:.2f} after, on "
+            f"{os.cpu_count()} cores shared with other work: the rounds' range shows how far "
+            "one window's figure moves; ratios inside that spread are not differences.",
         ],
         "data": {"points": points, "load_before": load_before, "load_after": load_after},
     }

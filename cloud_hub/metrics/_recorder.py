@@ -4,7 +4,7 @@ Two implementations, one per plane: ``HubMetrics`` (``_prometheus``) keeps an
 in-process ``Hub``'s counters in a prometheus_client registry; ``BookRecorder``
 (``_plane``) keeps one process's counters of a multi-process hub in its
 shared-memory ``MetricsBook`` (``_book``), merged when ``/metrics`` is served.
-The MQTT front and the HTTP API call ``record`` and never know which.
+The MQTT front and the HTTP and gRPC APIs call ``record`` and never know which.
 
 What a request counts as is decided here once (``count_of``), so the two
 planes cannot drift apart: the transport must be one of ``TRANSPORTS``; an
