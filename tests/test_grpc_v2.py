@@ -275,6 +275,18 @@ def test_an_unknown_requested_output_is_invalid_argument(client: Any) -> None:
     assert _status(caught.value) == "StatusCode.INVALID_ARGUMENT"
 
 
+def test_the_repository_index_is_https(client: Any, servers: tuple[str, str]) -> None:
+    http = tritonhttp.InferenceServerClient(servers[1])
+    try:
+        over_http = http.get_model_repository_index()
+    finally:
+        http.close()
+    over_grpc = client.get_model_repository_index(as_json=True)["models"]
+    assert len(over_grpc) == len(over_http) >= 3
+    for ours, theirs in zip(over_grpc, over_http, strict=True):
+        assert ours == {k: v for k, v in theirs.items() if v}  # proto3 JSON leaves out ""
+
+
 def test_rpcs_we_do_not_serve_are_unimplemented(client: Any) -> None:
     with pytest.raises(tritongrpc.InferenceServerException) as caught:
         client.get_model_config("linear")
@@ -366,6 +378,11 @@ def test_a_key_needs_the_scope_and_its_rate(secured: tuple[Any, Path]) -> None:
     reader = {"authorization": f"Bearer {_key(keys_file, 'models:read')}"}
     assert triton.get_model_metadata("linear", headers=reader, as_json=True)["name"] == "linear"
     assert _infer_status(triton, reader) == "StatusCode.PERMISSION_DENIED"
+    with pytest.raises(tritongrpc.InferenceServerException) as caught:
+        triton.get_model_repository_index(headers=reader)  # rollout:admin only
+    assert _status(caught.value) == "StatusCode.PERMISSION_DENIED"
+    admin = {"authorization": f"Bearer {_key(keys_file, 'rollout:admin')}"}
+    assert triton.get_model_repository_index(headers=admin, as_json=True)["models"]
     inferer = {"authorization": f"Bearer {_key(keys_file, 'infer', burst=2)}"}
     assert [_infer_status(triton, inferer) for _ in range(3)] == [
         "OK", "OK", "StatusCode.RESOURCE_EXHAUSTED",

@@ -12,8 +12,8 @@ Serve an in-process hub over gRPC (its own thread and event loop)::
 their event loop, over the same executors, API keys, rate limits and size
 limits as HTTP (``cloud_hub.plane``). Triton's ``tritonclient.grpc`` works
 unchanged: ServerLive, ServerReady, ServerMetadata, ModelReady, ModelMetadata
-and ModelInfer (raw or typed tensor contents) are served; the other RPCs of
-Triton's service answer UNIMPLEMENTED. ``inference.proto`` is the subset we
+ModelInfer (raw or typed tensor contents) and RepositoryIndex are served; the
+other RPCs of Triton's service answer UNIMPLEMENTED. ``inference.proto`` is the subset we
 serve (Triton's field numbers); ``inference_pb2*.py`` are protoc's output,
 regenerated with ``python scripts/generate-grpc`` (``make grpc``). Importing
 this package imports grpcio, protobuf and FastAPI (``cloud_hub.http``).

@@ -20,7 +20,8 @@ API keys (when the hub has them) travel as ``authorization: Bearer <key>``
 metadata and are checked by the same ``ApiKeyGuard`` (same scopes, same rate
 buckets) as HTTP's: ServerLive, ServerReady and ServerMetadata are open, as
 their HTTP routes are; ModelReady and ModelMetadata need ``models:read`` or
-``infer``; ModelInfer needs ``infer``. ModelReady answers ``ready: false`` for
+``infer``; ModelInfer needs ``infer``; RepositoryIndex (what HTTP's
+``/v2/repository/index`` answers) needs ``rollout:admin``. ModelReady answers ``ready: false`` for
 a model that is not served, as Triton does (HTTP answers 404). With ``budget``
 (the HTTP API's ``ByteBudget``, in a hub's ingress process) an infer request's
 message counts against the same bytes-held-at-once limit as HTTP bodies.
@@ -52,6 +53,7 @@ from .._dispatch import answer_of
 from .._errors import ExecutorError, HubError, error_code
 from ..http import SERVER_NAME, ServedHub, server_version
 from ..http._bodies import ByteBudget
+from ..http._repository import repository_index
 from . import inference_pb2 as pb
 from . import inference_pb2_grpc as pb_grpc
 from ._codec import check_requested_outputs, decode_model_infer, encode_model_infer
@@ -72,6 +74,7 @@ _STATUS = {
 }
 _READ = frozenset({"models:read", "infer"})
 _INFER = frozenset({"infer"})
+_ADMIN = frozenset({"rollout:admin"})  # as HTTP's repository routes
 
 
 def status_of(error: Exception) -> tuple[grpc.StatusCode, ErrorCode, str]:
@@ -194,6 +197,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 lease.release()  # answered, refused or cancelled: its bytes are free again
         self.hub.metrics.record("grpc", model, version, received=received, result=result)
         return response
+
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: aio.ServicerContext
+    ) -> pb.RepositoryIndexResponse:
+        await self._authorize(context, _ADMIN)
+        entries = repository_index(self.dispatcher, ready_only=request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**entry) for entry in entries]
+        )
 
     async def _authorize(self, context: aio.ServicerContext, scopes: frozenset[str]) -> None:
         """Abort the RPC unless its ``authorization`` metadata holds a key with a ``scope``."""

@@ -32,7 +32,7 @@ from ..metrics import ModelCounts
 from ._errors import error_response
 from ._statistics import model_stats
 
-__all__ = ["add_repository_routes"]
+__all__ = ["add_repository_routes", "repository_index"]
 
 _NOT_SUPPORTED = (
     "{action} is not supported: the hub serves what its model repository holds and swaps "
@@ -79,21 +79,7 @@ def add_repository_routes(
             if not isinstance(parsed, dict) or not isinstance(parsed.get("ready", False), bool):
                 return error_response(400, 'the index request\'s body is {"ready": true|false}')
             ready_only = parsed.get("ready", False)
-        entries = []
-        for name in sorted(dispatcher.model_names()):
-            info = dispatcher.describe(name, None)
-            ready = dispatcher.model_ready(name, None)
-            if ready_only and not ready:
-                continue
-            entries.append(
-                {
-                    "name": info.model,
-                    "version": info.version,
-                    "state": "READY" if ready else "LOADING",
-                    "reason": "" if ready else "loading or warming up",
-                }
-            )
-        return JSONResponse(entries)
+        return JSONResponse(repository_index(dispatcher, ready_only=ready_only))
 
     def refuse(action: str) -> Callable[[str], Any]:
         async def handler(model_name: str) -> Any:
@@ -115,3 +101,23 @@ def add_repository_routes(
             refuse(f"POST /v2/repository/models/{{name}}/{action}"),
             methods=["POST"],
         )
+
+
+def repository_index(dispatcher: Dispatcher, *, ready_only: bool = False) -> list[dict[str, str]]:
+    """Triton's repository index of what ``dispatcher`` serves: name, version, state, reason
+    (also the gRPC API's RepositoryIndex)."""
+    entries = []
+    for name in sorted(dispatcher.model_names()):
+        info = dispatcher.describe(name, None)
+        ready = dispatcher.model_ready(name, None)
+        if ready_only and not ready:
+            continue
+        entries.append(
+            {
+                "name": info.model,
+                "version": info.version,
+                "state": "READY" if ready else "LOADING",
+                "reason": "" if ready else "loading or warming up",
+            }
+        )
+    return entries
