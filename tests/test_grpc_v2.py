@@ -151,6 +151,16 @@ def test_a_response_carries_each_output_raw_in_the_requested_order() -> None:
     assert response.raw_output_contents[1] == outputs["b"].tobytes()
 
 
+def test_the_deadline_is_the_earlier_of_the_timeout_parameter_and_the_calls() -> None:
+    from cloud_hub.grpc._servicer import _deadline
+
+    assert _deadline(10.0, None, None) is None
+    assert _deadline(10.0, 200_000, None) == pytest.approx(10.2)  # Triton's µs parameter
+    assert _deadline(10.0, None, 0.5) == pytest.approx(10.5)  # the call's remaining time
+    assert _deadline(10.0, 2_000_000, 0.5) == pytest.approx(10.5)
+    assert _deadline(10.0, 100_000, 0.5) == pytest.approx(10.1)
+
+
 # -- an in-process hub served over gRPC and HTTP -----------------------------------------------
 
 
