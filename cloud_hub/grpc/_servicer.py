@@ -52,6 +52,7 @@ from shared.server import ApiKeyGuard
 from .._dispatch import answer_of
 from .._errors import ExecutorError, HubError, error_code
 from ..http import SERVER_NAME, ServedHub, server_version
+from ..http._app import drop_tracebacks
 from ..http._bodies import ByteBudget
 from ..http._repository import repository_index
 from . import inference_pb2 as pb
@@ -190,6 +191,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 ) from e
         except Exception as e:  # every failure becomes its status; cancellation passes
             status, code, message = status_of(e)
+            drop_tracebacks(e)  # their frames hold the request: free it now, not at the next GC
             self.hub.metrics.record("grpc", model, version, received=received, error=code)
             await context.abort(status, message)
         finally:

@@ -115,6 +115,7 @@ __all__ = [
     "SERVER_NAME",
     "ServedHub",
     "create_app",
+    "drop_tracebacks",
     "server_version",
 ]
 
@@ -420,7 +421,7 @@ class _InferenceApi:
                 ) from e
         except Exception as e:  # every failure becomes its status; asyncio cancellation passes
             status, code, message = describe(e)
-            _drop_tracebacks(e)  # their frames hold the body: free it now, not at the next GC
+            drop_tracebacks(e)  # their frames hold the body: free it now, not at the next GC
             self.prometheus.record("http", model_name, model_version, received=received, error=code)
             return error_response(status, message)
         finally:
@@ -449,7 +450,7 @@ class _InferenceApi:
         )
 
 
-def _drop_tracebacks(error: BaseException | None) -> None:
+def drop_tracebacks(error: BaseException | None) -> None:
     """Clear the tracebacks of ``error`` and what it chains to.
 
     A traceback holds the frames it passed through, and they the request's
