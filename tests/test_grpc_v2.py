@@ -488,3 +488,12 @@ def test_tandem_hub_serves_grpc_behind_its_api_keys(tmp_path: Path, mosquitto: A
             assert _infer_status(triton, None) == "StatusCode.UNAUTHENTICATED"
         finally:
             triton.close()
+
+
+def test_the_benchs_grpc_load_gets_answers_and_counts_refusals(servers: tuple[str, str]) -> None:
+    from bench._load_grpc import GrpcLoad, infer_request_bytes
+
+    good = GrpcLoad(servers[0], infer_request_bytes("linear", "x", rows(1))).run(2, 0.0, 0.3)
+    assert good.answered > 0 and good.errors == 0
+    bad = GrpcLoad(servers[0], infer_request_bytes("no-such-model", "x", rows(1))).run(1, 0.0, 0.3)
+    assert bad.answered == 0 and bad.errors > 0
