@@ -62,5 +62,10 @@ bench: $(VENV)/.dev-installed broker
 	@bash scripts/ensure-nginx
 	$(PY) -m bench $(BENCH_ARGS)
 
+# The gRPC API's Python modules, from cloud_hub/grpc/inference.proto (needs grpcio-tools, in dev).
+.PHONY: grpc
+grpc: $(VENV)/.dev-installed
+	$(PY) scripts/generate-grpc
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -15,6 +15,7 @@ PARTS = {
     "collaboration": "bench.collaboration",  # (a)
     "round-trip": "bench.round_trip",  # (b)
     "hub-throughput": "bench.hub_throughput",  # (c)
+    "grpc": "bench.grpc_vs_http",  # (c2): the hub's gRPC API against HTTP binary tensors
     "edge-overhead": "bench.edge_overhead",  # (d)
     "distribution": "bench.distribution",  # (e)
     "rollout-gates": "bench.rollout_gates",  # (f)

@@ -30,6 +30,7 @@ _ORDER = (
     "collaboration",
     "round-trip",
     "hub-throughput",
+    "grpc",
     "edge-overhead",
     "distribution",
     "rollout-gates",

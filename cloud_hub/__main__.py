@@ -54,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--prefix", default="tandem/v1", help="topic prefix")
     add("--http-port", type=int, default=8000, help="HTTP API port; 0 turns it off")
     add("--http-host", default="127.0.0.1", help="address the HTTP API listens on")
+    add("--grpc-port", type=int, default=0, help="KServe v2 gRPC port (8001: Triton's); 0: off")
     add("--api-keys", type=Path, help="API key file ('tandem keys create')")
     for name, what in (
         ("--tls-cert", "PEM certificate of the HTTP API (HTTPS)"),
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     problem = check_options(
         log_level=a.log_level,
         http_port=a.http_port,
+        grpc_port=a.grpc_port,
         log_format=a.log_format,
         workers=a.workers,
         no_share=a.no_share,
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
             prefix=a.prefix,
             http_port=a.http_port,
             http_host=a.http_host,
+            grpc_port=a.grpc_port,
             api_keys=a.api_keys.resolve() if a.api_keys and a.http_port else None,
             tls_cert=a.tls_cert,
             tls_key=a.tls_key,

@@ -18,7 +18,9 @@ routes and readiness, the same way for both.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
@@ -40,6 +42,7 @@ __all__ = [
     "ExecutorReplyError",
     "Outcome",
     "PoolDispatcher",
+    "answer_of",
     "future_outcome",
 ]
 
@@ -75,6 +78,37 @@ def future_outcome(future: concurrent.futures.Future[HubResult]) -> Outcome:
         return HubStoppingError("the request was cancelled before compute")
     except BaseException as e:
         return e
+
+
+async def answer_of(
+    dispatcher: Dispatcher,
+    model: str,
+    version: str | None,
+    inputs: Mapping[str, np.ndarray],
+    deadline: float | None,
+    arrival: float,
+) -> HubResult:
+    """Submit to ``dispatcher`` and await its answer, whichever thread gives it (the HTTP
+    and gRPC APIs' infer, on their event loop)."""
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[Outcome] = loop.create_future()
+    here = threading.get_ident()
+
+    def settle(outcome: Outcome) -> None:
+        if not answer.done():  # the client may have gone (the task was cancelled)
+            answer.set_result(outcome)
+
+    def done(outcome: Outcome) -> None:
+        if threading.get_ident() == here:
+            settle(outcome)
+        else:
+            loop.call_soon_threadsafe(settle, outcome)
+
+    dispatcher.submit(model, version, inputs, deadline=deadline, arrival=arrival, done=done)
+    outcome = await answer
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
 
 
 class PoolDispatcher:

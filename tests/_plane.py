@@ -38,7 +38,13 @@ def expected_logits(x: np.ndarray) -> np.ndarray:
 
 @contextlib.contextmanager
 def running_hub(
-    repo: Path, broker_url: str | None, *, mqtt: int = 1, http_port: int = 0, http: int = 1
+    repo: Path,
+    broker_url: str | None,
+    *,
+    mqtt: int = 1,
+    http_port: int = 0,
+    http: int = 1,
+    grpc_port: int = 0,
 ) -> Iterator[HubSupervisor]:
     hub_id = uuid.uuid4().hex[:8]
     spec = PlaneSpec(
@@ -49,6 +55,7 @@ def running_hub(
         broker=broker_url,
         prefix=f"tandem/{hub_id}/v1",  # hubs of several tests share the broker, not requests
         http_port=http_port,
+        grpc_port=grpc_port,
         log_level="warning",
         ring_bytes=16 * 1024 * 1024,
     )

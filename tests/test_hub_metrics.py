@@ -205,7 +205,7 @@ def test_labels_never_take_names_a_client_invented(repo: Path) -> None:
         metrics.record("http", "linear", None, received=received, error=ErrorCode.INVALID_INPUT)
         metrics.record("http", "linear", None, received=received)  # OK without a result
         with pytest.raises(ValueError, match="transport"):
-            metrics.record("grpc", "linear", None, received=received)
+            metrics.record("smtp", "linear", None, received=received)
         text = metrics.render().decode()
     failure = "tandem_inference_request_failure_total"
     unserved = {"model": UNSERVED, "version": UNSERVED}
@@ -409,5 +409,5 @@ def test_both_planes_count_a_request_by_one_rule() -> None:
     assert other.labels == (UNSERVED, UNSERVED, "mqtt", ErrorCode.OVERLOADED.value)
     assert other.duration_us is None
     with pytest.raises(ValueError, match="transport must be one of"):
-        count_of("grpc", "linear", None, received=0.0, error=ErrorCode.OK, result=result,
+        count_of("smtp", "linear", None, received=0.0, error=ErrorCode.OK, result=result,
                  served=served)  # fmt: skip

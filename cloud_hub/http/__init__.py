@@ -17,7 +17,14 @@ used on its own. Importing this package imports FastAPI and uvicorn, which
 ``import cloud_hub`` alone does not.
 """
 
-from ._app import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_BYTES, ServedHub, create_app
+from ._app import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_JSON_BYTES,
+    SERVER_NAME,
+    ServedHub,
+    create_app,
+    server_version,
+)
 from ._codec import (
     HEADER_LENGTH,
     InferRequest,
@@ -33,6 +40,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_JSON_BYTES",
     "HEADER_LENGTH",
+    "SERVER_NAME",
     "HttpServer",
     "InferRequest",
     "RequestedOutput",
@@ -42,4 +50,5 @@ __all__ = [
     "decode_infer_request",
     "encode_infer_response",
     "parse_header_length",
+    "server_version",
 ]

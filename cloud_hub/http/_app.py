@@ -59,13 +59,11 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import logging
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-import numpy as np
 from fastapi import APIRouter, FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -77,7 +75,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from shared import Limits, TensorError, UnsupportedMediaTypeError
 from shared.server import BINARY_MEDIA_TYPE, JSON_MEDIA_TYPE, ApiKeyGuard, body_media_type
 
-from .._dispatch import Dispatcher, Outcome
+from .._dispatch import Dispatcher, answer_of
 from .._errors import (
     ExecutorError,
     HubError,
@@ -85,7 +83,6 @@ from .._errors import (
 )
 from .._hub import Hub
 from .._model_info import ModelInfo
-from .._results import HubResult
 from ..language import LanguageModels
 from ..metrics import ModelCounts, RequestRecorder
 from ._auth import api_key_auth
@@ -118,6 +115,8 @@ __all__ = [
     "SERVER_NAME",
     "ServedHub",
     "create_app",
+    "drop_tracebacks",
+    "server_version",
 ]
 
 log = logging.getLogger(__name__)
@@ -160,6 +159,31 @@ class ServedHub:
     statistics: Callable[[str, str], ModelCounts] | None = None  # counts of model@version
     control: ModelController | None = None  # repository load and unload (tandem hub)
 
+    @classmethod
+    def of(cls, hub: Hub | ServedHub) -> ServedHub:
+        """What an in-process ``Hub`` serves (a ``ServedHub`` as it is)."""
+        if isinstance(hub, ServedHub):
+            return hub
+        return cls(
+            hub.dispatcher,
+            hub.prometheus,
+            hub.limits,
+            hub.missing,
+            hub.language,
+            hub.prometheus.model_counts,
+        )
+
+    def not_ready(self) -> list[str]:
+        """What readiness still waits for (models, the broker...); empty: ready."""
+        missing = [] if self.missing is None else self.missing()
+        names = self.dispatcher.model_names()
+        if not names and not (self.language is not None and len(self.language)):
+            missing.insert(0, "models: none loaded")  # language models alone are models too
+        elif not self.dispatcher.ready():
+            waiting = [m for m in names if not self.dispatcher.model_ready(m)]
+            missing.insert(0, f"models: loading {waiting}" if waiting else "the hub is not running")
+        return missing
+
 
 def create_app(
     hub: Hub | ServedHub,
@@ -179,15 +203,7 @@ def create_app(
     engines are its language executors' clients).
     """
     language = hub.language
-    if isinstance(hub, Hub):
-        hub = ServedHub(
-            hub.dispatcher,
-            hub.prometheus,
-            hub.limits,
-            hub.missing,
-            hub.language,
-            hub.prometheus.model_counts,
-        )
+    hub = ServedHub.of(hub)
     if max_body_bytes <= 0 or max_json_bytes <= 0 or max_inflight_bytes < max_body_bytes:
         raise ValueError(
             "max_body_bytes and max_json_bytes must be positive, max_inflight_bytes at least "
@@ -203,7 +219,7 @@ def create_app(
     )
     app = FastAPI(
         title="Tandem hub: Open Inference Protocol v2",
-        version=_server_version(),
+        version=server_version(),
         description="KServe v2 / Triton HTTP inference with the binary tensor data extension.",
     )
     router = APIRouter(prefix="/v2", dependencies=list(dependencies))
@@ -316,8 +332,8 @@ class _InferenceApi:
     def __init__(
         self, hub: ServedHub, *, max_body_bytes: int, max_json_bytes: int, max_inflight_bytes: int
     ) -> None:
+        self.hub = hub
         self.dispatcher = hub.dispatcher
-        self.missing = hub.missing
         self.language = hub.language
         self.prometheus = hub.metrics
         self.limits = hub.limits
@@ -327,19 +343,13 @@ class _InferenceApi:
         self._big_decodes = asyncio.Semaphore(1)
 
     async def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": _server_version(), "extensions": list(EXTENSIONS)}
+        return {"name": SERVER_NAME, "version": server_version(), "extensions": list(EXTENSIONS)}
 
     async def live(self) -> dict[str, Any]:
         return {"live": True}
 
     async def ready(self) -> Any:
-        missing = [] if self.missing is None else self.missing()
-        names = self.dispatcher.model_names()
-        if not names and not (self.language is not None and len(self.language)):
-            missing.insert(0, "models: none loaded")  # language models alone are models too
-        elif not self.dispatcher.ready():
-            waiting = [m for m in names if not self.dispatcher.model_ready(m)]
-            missing.insert(0, f"models: loading {waiting}" if waiting else "the hub is not running")
+        missing = self.hub.not_ready()
         if missing:
             return error_response(503, f"not ready: {'; '.join(missing)}")
         return {"ready": True}
@@ -398,7 +408,7 @@ class _InferenceApi:
             del body  # the tensors are decoded: the text can go
             _check_outputs(info, decoded)
             deadline = None if decoded.timeout_us is None else received + decoded.timeout_us / 1e6
-            result = await _submit(
+            result = await answer_of(
                 self.dispatcher, model_name, model_version, decoded.inputs, deadline, received
             )
             try:
@@ -418,7 +428,7 @@ class _InferenceApi:
                 ) from e
         except Exception as e:  # every failure becomes its status; asyncio cancellation passes
             status, code, message = describe(e)
-            _drop_tracebacks(e)  # their frames hold the body: free it now, not at the next GC
+            drop_tracebacks(e)  # their frames hold the body: free it now, not at the next GC
             self.prometheus.record("http", model_name, model_version, received=received, error=code)
             return error_response(status, message)
         finally:
@@ -447,37 +457,7 @@ class _InferenceApi:
         )
 
 
-async def _submit(
-    dispatcher: Dispatcher,
-    model: str,
-    version: str | None,
-    inputs: Mapping[str, np.ndarray],
-    deadline: float | None,
-    arrival: float,
-) -> HubResult:
-    """Submit to ``dispatcher`` and await its answer, whichever thread gives it."""
-    loop = asyncio.get_running_loop()
-    answer: asyncio.Future[Outcome] = loop.create_future()
-    here = threading.get_ident()
-
-    def settle(outcome: Outcome) -> None:
-        if not answer.done():  # the client may have gone (the task was cancelled)
-            answer.set_result(outcome)
-
-    def done(outcome: Outcome) -> None:
-        if threading.get_ident() == here:
-            settle(outcome)
-        else:
-            loop.call_soon_threadsafe(settle, outcome)
-
-    dispatcher.submit(model, version, inputs, deadline=deadline, arrival=arrival, done=done)
-    outcome = await answer
-    if isinstance(outcome, BaseException):
-        raise outcome
-    return outcome
-
-
-def _drop_tracebacks(error: BaseException | None) -> None:
+def drop_tracebacks(error: BaseException | None) -> None:
     """Clear the tracebacks of ``error`` and what it chains to.
 
     A traceback holds the frames it passed through, and they the request's
@@ -505,7 +485,8 @@ def _check_outputs(info: ModelInfo, request: InferRequest) -> None:
         )
 
 
-def _server_version() -> str:
+def server_version() -> str:
+    """This hub's version (the installed ``tandem`` distribution's)."""
     try:
         return importlib.metadata.version("tandem")
     except importlib.metadata.PackageNotFoundError:

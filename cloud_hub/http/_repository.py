@@ -44,7 +44,13 @@ from ..metrics import ModelCounts
 from ._errors import error_response
 from ._statistics import model_stats
 
-__all__ = ["LOAD_TIMEOUT_S", "ControlOutcome", "ModelController", "add_repository_routes"]
+__all__ = [
+    "LOAD_TIMEOUT_S",
+    "ControlOutcome",
+    "ModelController",
+    "add_repository_routes",
+    "repository_index",
+]
 
 LOAD_TIMEOUT_S = 600.0  # how long a load or unload request waits for the hub to do it
 _ROUTED_S = 5.0  # then for this process to route by it (it reads the hub's choice every 0.25 s)
@@ -121,29 +127,8 @@ def add_repository_routes(
             if not isinstance(parsed, dict) or not isinstance(parsed.get("ready", False), bool):
                 return error_response(400, 'the index request\'s body is {"ready": true|false}')
             ready_only = parsed.get("ready", False)
-        entries = []
-        for name in sorted(dispatcher.model_names()):
-            info = dispatcher.describe(name, None)
-            ready = dispatcher.model_ready(name, None)
-            if ready_only and not ready:
-                continue
-            entries.append(
-                {
-                    "name": info.model,
-                    "version": info.version,
-                    "state": "READY" if ready else "LOADING",
-                    "reason": "" if ready else "loading or warming up",
-                }
-            )
-        if control is not None and not ready_only:
-            served = set(dispatcher.model_names())
-            entries += [
-                {"name": name, "version": "", "state": "UNAVAILABLE", "reason": "unloaded"}
-                for name in control.unloaded()
-                if name not in served
-            ]
-            entries.sort(key=lambda e: e["name"])
-        return JSONResponse(entries)
+        unloaded = control.unloaded() if control is not None else []
+        return JSONResponse(repository_index(dispatcher, ready_only=ready_only, unloaded=unloaded))
 
     def act(action: str) -> Callable[[str, Request], Any]:
         async def handler(model_name: str, request: Request) -> Any:
@@ -189,6 +174,36 @@ def add_repository_routes(
         router.add_api_route(
             f"/repository/models/{{model_name}}/{action}", act(action), methods=["POST"]
         )
+
+
+def repository_index(
+    dispatcher: Dispatcher, *, ready_only: bool = False, unloaded: Iterable[str] = ()
+) -> list[dict[str, str]]:
+    """Triton's repository index of what ``dispatcher`` serves: name, version, state, reason
+    (also the gRPC API's RepositoryIndex); ``unloaded`` models are listed UNAVAILABLE."""
+    entries = []
+    for name in sorted(dispatcher.model_names()):
+        info = dispatcher.describe(name, None)
+        ready = dispatcher.model_ready(name, None)
+        if ready_only and not ready:
+            continue
+        entries.append(
+            {
+                "name": info.model,
+                "version": info.version,
+                "state": "READY" if ready else "LOADING",
+                "reason": "" if ready else "loading or warming up",
+            }
+        )
+    if not ready_only:
+        served = set(dispatcher.model_names())
+        entries += [
+            {"name": name, "version": "", "state": "UNAVAILABLE", "reason": "unloaded"}
+            for name in unloaded
+            if name not in served
+        ]
+        entries.sort(key=lambda e: e["name"])
+    return entries
 
 
 def _routed(dispatcher: Dispatcher, model: str, version: str | None) -> bool:

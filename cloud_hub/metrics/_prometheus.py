@@ -52,8 +52,8 @@ The metrics, each with its Triton counterpart (Triton's names lack the
         cuda:0, cpu). Triton: the ``nv_gpu_*`` labels, roughly.
 
 Where the numbers come from: success, failure and request duration are
-recorded by the transports (``record``: the HTTP API and the MQTT worker,
-labelled ``transport="http"`` / ``"mqtt"``), so requests submitted in process
+recorded by the transports (``record``: the HTTP and gRPC APIs and the MQTT worker,
+labelled ``transport="http"`` / ``"grpc"`` / ``"mqtt"``), so requests submitted in process
 through ``Hub.submit`` are not among them. Queue and compute durations are
 observed on every computed request (``observe_computed``, a done-callback
 ``Hub.submit`` adds). The batch-level ones (counts, batch size, queue depth,

@@ -4,7 +4,7 @@ Two implementations, one per plane: ``HubMetrics`` (``_prometheus``) keeps an
 in-process ``Hub``'s counters in a prometheus_client registry; ``BookRecorder``
 (``_plane``) keeps one process's counters of a multi-process hub in its
 shared-memory ``MetricsBook`` (``_book``), merged when ``/metrics`` is served.
-The MQTT front and the HTTP API call ``record`` and never know which.
+The MQTT front and the HTTP and gRPC APIs call ``record`` and never know which.
 
 What a request counts as is decided here once (``count_of``), so the two
 planes cannot drift apart: the transport must be one of ``TRANSPORTS``; an
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TRANSPORTS", "UNSERVED", "Counted", "RequestRecorder", "count_of", "served_labels"]
 
-TRANSPORTS = ("http", "mqtt")
+TRANSPORTS = ("http", "mqtt", "grpc")
 UNSERVED = "_unserved"
 """The model or version label of a request for what is not served (never an empty label)."""
 

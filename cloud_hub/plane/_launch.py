@@ -63,6 +63,7 @@ class HubServeSettings:
     legacy_topics: bool = False  # also take requests on <prefix>/infer/<model>
     http_port: int = 8000  # 0: no HTTP API
     http_host: str = "127.0.0.1"
+    grpc_port: int = 0  # KServe v2 gRPC from the HTTP ingress processes; 0: none
     api_keys: Path | None = None
     redis_url: str | None = None  # API keys' rate limits shared across processes and replicas
     tls_cert: Path | None = None
@@ -92,6 +93,7 @@ class HubServeSettings:
         return check_options(
             log_level=self.log_level,
             http_port=self.http_port,
+            grpc_port=self.grpc_port,
             log_format=self.log_format,
             workers=self.workers,
             no_share=self.no_share,
@@ -110,6 +112,7 @@ def check_options(
     log_level: str,
     http_port: int,
     log_format: str,
+    grpc_port: int = 0,
     workers: int,
     no_share: bool,
     http_workers: int = 1,
@@ -128,6 +131,12 @@ def check_options(
         return "--log-level", f"use one of {', '.join(LOG_LEVELS)}"
     if not 0 <= http_port <= 65535:
         return "--http-port", "use a port from 1 to 65535, or 0 for none"
+    if not 0 <= grpc_port <= 65535:
+        return "--grpc-port", "use a port from 1 to 65535 (Triton's is 8001), or 0 for none"
+    if grpc_port and not http_port:
+        return "--grpc-port", "gRPC is served by the HTTP ingress processes: give --http-port too"
+    if grpc_port and grpc_port == http_port:
+        return "--grpc-port", "use a port other than --http-port's"
     if log_format.lower() not in LOG_FORMATS:
         return "--log-format", "use text or json"
     if workers < 1:
@@ -286,6 +295,7 @@ def plan(s: HubServeSettings) -> PlaneSpec:
         mqtt_client=s.mqtt_client,
         http_host=s.http_host,
         http_port=s.http_port,
+        grpc_port=s.grpc_port,
         api_keys=text(s.api_keys),
         redis_url=s.redis_url,
         tls_cert=text(s.tls_cert),

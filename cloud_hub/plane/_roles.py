@@ -17,7 +17,11 @@ from the start (liveness answers while models load and the broker is down;
 readiness names what is missing: models, or an MQTT ingress subscribed), on an
 asyncio loop that also reads the executors' replies (no thread hand-off per
 request); several HTTP ingress processes share the port (``SO_REUSEPORT``).
-On SIGTERM uvicorn stops accepting and finishes what is in flight.
+On SIGTERM uvicorn stops accepting and finishes what is in flight. With
+``grpc_port`` the same process serves the KServe v2 gRPC API (``cloud_hub.grpc``)
+on that loop too, over the same ``ServedHub`` and ``ApiKeyGuard`` (one set of
+rate buckets for both protocols), the port shared the same way; on SIGTERM it
+stops taking RPCs with uvicorn and gives those in flight up to ``DRAIN_S``.
 
 Every role dumps its ``MetricsBook`` into the hub's metrics directory about
 once a second and when it ends; each calls ``ready()`` once it serves.
@@ -286,16 +290,17 @@ def run_http_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
     guard = None
     if spec.api_keys is not None:  # with Redis, a key's rate holds across processes
         guard = ApiKeyGuard.from_file(spec.api_keys, limiter=rate_limiter(spec.redis_url))
+    served_hub = ServedHub(
+        PoolDispatcher(pool),
+        sink,
+        Limits(),
+        _missing(spec, language),
+        language if len(language) else None,
+        metrics.model_counts,
+        ControlClient(spec.control_dir) if spec.control_dir else None,
+    )
     app = create_app(
-        ServedHub(
-            PoolDispatcher(pool),
-            sink,
-            Limits(),
-            _missing(spec, language),
-            language if len(language) else None,
-            metrics.model_counts,
-            ControlClient(spec.control_dir) if spec.control_dir else None,
-        ),
+        served_hub,
         api_keys=guard,
         max_json_bytes=spec.max_json_bytes,
         max_inflight_bytes=spec.max_inflight_bytes,
@@ -304,12 +309,24 @@ def run_http_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
         ca_certs=spec.tls_client_ca, certfile=spec.tls_cert, keyfile=spec.tls_key
     )
     server = HttpServer(app, host=spec.http_host, port=spec.http_port, tls=tls, reuse_port=True)
+    grpc_server = None
+    if spec.grpc_port:  # the same hub, keys (and rate buckets), limits and TLS as HTTP's
+        from ..grpc import GrpcServer
+
+        grpc_server = GrpcServer(
+            served_hub,
+            host=spec.http_host,
+            port=spec.grpc_port,
+            api_keys=guard,
+            tls=tls,
+            budget=app.state.byte_budget,  # one limit on the bytes both protocols hold
+        )
     # Served at once (liveness; readiness says what is missing), started by the supervisor
     # before the executors; it says "ready" once connected to all of them, or after _CONNECT_S.
     try:
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
             runner.run(_serve_http(server, pool, dumper, served, ready, len(spec.executors),
-                                   language))  # fmt: skip
+                                   language, grpc_server))  # fmt: skip
     finally:
         language.close()
         pool.close()
@@ -395,13 +412,23 @@ async def _serve_http(
     ready: Callable[[], None],
     executors: int,
     language: LanguageModels,
+    grpc_server: object = None,
 ) -> None:
+    from ..grpc import GrpcServer
     from ..http import HttpServer
 
     assert isinstance(server, HttpServer)
+    assert grpc_server is None or isinstance(grpc_server, GrpcServer)
     loop = asyncio.get_running_loop()
+    grpc_stopping: list[asyncio.Task[None]] = []
+
+    def stop() -> None:  # both stop taking requests; both finish what is in flight
+        server.exit()
+        if grpc_server is not None and not grpc_stopping:
+            grpc_stopping.append(asyncio.create_task(grpc_server.stop(DRAIN_S)))
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, server.exit)
+        loop.add_signal_handler(sig, stop)
     readers: dict[ExecutorConnection, int] = {}
 
     def letting_go(conn: ExecutorConnection) -> None:  # before the pool closes it: descriptor reuse
@@ -435,6 +462,8 @@ async def _serve_http(
     keeper = asyncio.create_task(keep_connections())
     serving = asyncio.create_task(server.serve())
     try:
+        if grpc_server is not None:  # on this loop: it submits to the pool this loop reads
+            await grpc_server.start()
         while not serving.done() and not server.started:
             await asyncio.sleep(0.01)
         deadline = loop.time() + _CONNECT_S
@@ -446,10 +475,15 @@ async def _serve_http(
             await asyncio.sleep(0.05)  # keep_connections connects them; the clients their own
         ready()
         await serving
+        stop()  # uvicorn ended (a signal, or it failed): gRPC goes with it
+        if grpc_stopping:
+            await grpc_stopping[0]
     except HubError:
         log.exception("the HTTP ingress could not serve")
         raise
     finally:
+        if grpc_server is not None:
+            await grpc_server.stop(0)  # what is left (a failure above): cancelled now
         keeper.cancel()
         for fd in readers.values():
             loop.remove_reader(fd)

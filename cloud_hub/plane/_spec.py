@@ -85,6 +85,7 @@ class PlaneSpec:
     mqtt_client: str = "auto"  # auto | crt | paho
     http_host: str = "127.0.0.1"
     http_port: int = 0  # 0: no HTTP ingress
+    grpc_port: int = 0  # each HTTP ingress also serves KServe v2 gRPC here; 0: no gRPC
     api_keys: str | None = None
     redis_url: str | None = None  # API keys' rate limits shared by every process and replica
     tls_cert: str | None = None

@@ -65,6 +65,14 @@ HttpPortOption = Annotated[
         "speak it, plus /metrics for Prometheus); 0 turns it off.",
     ),
 ]
+GrpcPortOption = Annotated[
+    int,
+    typer.Option(
+        help="Port of the KServe v2 gRPC API (Triton's GRPCInferenceService: tritonclient.grpc "
+        "works unchanged; Triton's own port is 8001), served by every HTTP ingress process on "
+        "--http-host with the same API keys, rate and size limits and TLS; 0 turns it off.",
+    ),
+]
 HttpHostOption = Annotated[
     str,
     typer.Option(
@@ -232,6 +240,7 @@ def hub(
     prefix: PrefixOption = "tandem/v1",
     http_port: HttpPortOption = 8000,
     http_host: HttpHostOption = "127.0.0.1",
+    grpc_port: GrpcPortOption = 0,
     api_keys: ApiKeysOption = None,
     tls_cert: HubTlsCertOption = None,
     tls_key: TlsKeyOption = None,
@@ -263,7 +272,8 @@ def hub(
     batches them per model and answers on the device's reply topic. The same
     models answer over HTTP on --http-port (POST /v2/models/<model>/infer, any
     KServe v2 / Triton client), batched together with the MQTT requests; GET
-    /metrics (the whole hub) is for Prometheus.
+    /metrics (the whole hub) is for Prometheus. --grpc-port adds the KServe v2
+    gRPC API (tritonclient.grpc) on the same processes.
 
     The hub runs as processes: --workers MQTT and --http-workers HTTP ingress
     processes in front of one executor process per model instance (config.json's
