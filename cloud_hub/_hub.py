@@ -40,11 +40,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shared import Limits, MqttSettings, Topics, mqtt_max_packet_bytes
+from shared import Limits, MqttSettings, Topics, TracingSettings, mqtt_max_packet_bytes
 
 from ._dispatch import Done, future_outcome
 from ._errors import HubStoppingError, ModelNotFoundError
 from ._model_info import ModelInfo
+from ._tracing import HubTracer, open_hub_tracer
 from .batching._batcher import DynamicBatcher, ResultFuture
 from .batching._stats import BatcherStats
 from .collect._collector import ExampleCollector
@@ -78,7 +79,10 @@ class Hub:
     the first layout (``MqttFront``): a migration opt-in, unsafe (redirectable).
     ``text_over_mqtt`` serves the language models' turns over MQTT (``TextFront``,
     chunks coalesced per ``coalescing``): ``None`` turns it on when the repository
-    holds a language model at ``start``.
+    holds a language model at ``start``. ``tracing``: spans of every answered
+    request over MQTT and HTTP (``cloud_hub._tracing``, docs/tracing.md): a
+    ``TracingSettings``, ``True``, ``False`` (off), or ``None``: the standard
+    ``OTEL_*`` environment variables decide.
     """
 
     def __init__(
@@ -96,6 +100,7 @@ class Hub:
         legacy_topics: bool = False,
         text_over_mqtt: bool | None = None,
         coalescing: Coalescing | None = None,
+        tracing: TracingSettings | bool | None = None,
     ) -> None:
         if isinstance(repository, ModelRepository):
             self.repository, self._path, self._owns_repository = repository, None, False
@@ -116,6 +121,8 @@ class Hub:
         self.text_over_mqtt = text_over_mqtt
         self.coalescing = coalescing
         self.text_front: TextFront | None = None
+        self.tracing = tracing
+        self.tracer: HubTracer | None = None  # opened by start when tracing is on, shut by stop
         self.collector: ExampleCollector | None = None  # set by start when a model collects
         self._batchers: dict[str, DynamicBatcher] = {}
         self._lock = threading.Lock()
@@ -208,6 +215,8 @@ class Hub:
                 self.repository.load_directory(self._path, torch_device=self.torch_device)
                 self.language.load_directory(self._path)
             self._running = True
+            if self.tracer is None:
+                self.tracer = open_hub_tracer(self.tracing)
             for served in self.repository:
                 self._serve(served)
             if self.mqtt is not None:
@@ -233,6 +242,7 @@ class Hub:
                     on_reply=functools.partial(self.prometheus.record, "mqtt"),
                     legacy_topics=self.legacy_topics,
                     collector=self.collector,
+                    tracer=self.tracer,
                 )
                 text = self.text_over_mqtt
                 if text or (text is None and len(self.language)):
@@ -277,6 +287,9 @@ class Hub:
         if self._owns_repository:
             self.repository.close()
         self.language.close()
+        tracer, self.tracer = self.tracer, None
+        if tracer is not None:
+            tracer.shutdown()  # the spans of the last replies go out now
 
     def run_forever(self) -> None:
         """Start, serve until SIGINT or SIGTERM (or ``request_stop``), then stop."""

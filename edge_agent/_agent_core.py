@@ -38,6 +38,7 @@ decisions, takes one lock, and leaves sums and percentiles to the readers.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import secrets
@@ -47,10 +48,11 @@ from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from shared import Limits, Message, MqttSettings, Topics, TransferOptions
+from shared import Limits, Message, MqttSettings, Topics, TracingSettings, TransferOptions
 
 from ._breaker import CircuitBreaker
 from ._call import Call
@@ -73,6 +75,7 @@ from ._report import AgentMetrics
 from ._result import InferenceResult, LatencyBreakdown, Source
 from ._sharing import ExampleSharing
 from ._telemetry import AgentSnapshot, AgentStats, ServingStats, TelemetryRecorder, check_labels
+from ._tracing import UNTRACED, CallTrace, EdgeTracer, open_tracer
 from ._uplink import MqttUplink
 from .language import LanguageRuntime, load_language_runtime
 from .language._cloud import CloudTextSettings, TextLink
@@ -117,6 +120,7 @@ class BaseAgent:
         language_model: LanguageRuntime | str | Path | None = None,
         cloud_language_model: str | None = None,
         cloud_text: CloudTextSettings | None = None,
+        tracing: TracingSettings | bool | None = None,
     ) -> None:
         self.labels = check_labels(labels)  # reported in telemetry, e.g. {"site": "factory-a"}
         self.share_answers = share_answers  # may be set or cleared while the agent runs
@@ -167,6 +171,10 @@ class BaseAgent:
         self._id_prefix = secrets.token_hex(6)
         self._ids = itertools.count(1)
         self.telemetry = TelemetryRecorder(window=latency_window)
+        # Spans of every call (``_tracing``); None: tracing off, and calls skip it entirely.
+        self._tracer: EdgeTracer | None = open_tracer(
+            tracing, device_id=device_id, model=self.cloud_model
+        )
         self._local_inflight = InflightCounter()
         self.uplink: MqttUplink | None = None
         self.cloud_probe: CloudProbe | None = None
@@ -361,13 +369,20 @@ class BaseAgent:
         """A wait for the cloud ran out: learn how late this thread got back."""
         self.wake_lateness_ms.observe(max(0.0, (_now() - call.wake_at) * 1000.0))
 
+    @staticmethod
+    def _step(call: Call, name: str) -> Any:
+        """A span of ``call`` for ``with`` (``_tracing``), or a do-nothing one when untraced."""
+        trace = call.trace
+        return UNTRACED if trace is None else trace.step(name)
+
     def _send(self, call: Call, wait_ms: float) -> Future[Message]:
         assert self.uplink is not None
         with self._stats_lock:
             self._offload_attempts += 1
             call.serving.offloads += 1
         sharing = self.share_answers
-        future, _ = self.uplink.send(
+        send = functools.partial(
+            self.uplink.send,
             model=self.cloud_model,
             tensors=call.inputs,
             timeout_ms=wait_ms,
@@ -377,7 +392,36 @@ class BaseAgent:
             if sharing is None
             else sharing.header(call.serving.versions, call.local_outputs, call.score),
         )
+        if call.trace is None:
+            return send()[0]
+        with call.trace.step("tandem.send") as step:  # the hub's spans are this one's children
+            traceparent, tracestate = step.traceparent()
+            future, sent_bytes = send(traceparent=traceparent, tracestate=tracestate)
+            step.set("tandem.request_bytes", sent_bytes)
         return future
+
+    def _traced_begin(
+        self, inputs: Mapping[str, np.ndarray] | np.ndarray, deadline_ms: float | None
+    ) -> tuple[CallTrace, ServingStats, Call]:
+        """``_begin`` of a traced call: the root span opened first, so it covers the checks."""
+        assert self._tracer is not None
+        trace = self._tracer.begin()
+        serving = self._serving
+        try:
+            call = self._begin(serving, inputs, deadline_ms)
+        except Exception as e:
+            trace.failed(e)
+            self._failed(serving)
+            raise
+        call.trace = trace
+        trace.named(call.request_id)
+        return trace, serving, call
+
+    def _close_tracer(self) -> None:
+        """Flush the spans not exported yet (``close``)."""
+        tracer, self._tracer = self._tracer, None  # later calls are not traced
+        if tracer is not None:
+            tracer.shutdown()
 
     def _cloud_failed(self, call: Call, error: BaseException) -> Fallback:
         if isinstance(error, TimeoutError):

@@ -74,7 +74,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shared import Limits, TensorError, UnsupportedMediaTypeError
+from shared import ErrorCode, Limits, TensorError, UnsupportedMediaTypeError
 from shared.server import BINARY_MEDIA_TYPE, JSON_MEDIA_TYPE, ApiKeyGuard, body_media_type
 
 from .._dispatch import Dispatcher, Outcome
@@ -86,6 +86,7 @@ from .._errors import (
 from .._hub import Hub
 from .._model_info import ModelInfo
 from .._results import HubResult
+from .._tracing import HubTracer, RequestTimes, TracedRequest
 from ..language import LanguageModels
 from ..metrics import ModelCounts, RequestRecorder
 from ._auth import api_key_auth
@@ -158,6 +159,7 @@ class ServedHub:
     missing: Callable[[], list[str]] | None = None  # what else readiness waits for (a broker)
     language: LanguageModels | None = None  # served by the OpenAI routes (/v1), if any
     statistics: Callable[[str, str], ModelCounts] | None = None  # counts of model@version
+    tracer: HubTracer | None = None  # spans of each infer request (``cloud_hub._tracing``)
 
 
 def create_app(
@@ -178,7 +180,10 @@ def create_app(
     engines are its language executors' clients).
     """
     language = hub.language
+    tracer: Callable[[], HubTracer | None]
     if isinstance(hub, Hub):
+        in_process = hub
+        tracer = lambda: in_process.tracer  # noqa: E731  # opened by the hub's start
         hub = ServedHub(
             hub.dispatcher,
             hub.prometheus,
@@ -187,6 +192,9 @@ def create_app(
             hub.language,
             hub.prometheus.model_counts,
         )
+    else:
+        served = hub
+        tracer = lambda: served.tracer  # noqa: E731
     if max_body_bytes <= 0 or max_json_bytes <= 0 or max_inflight_bytes < max_body_bytes:
         raise ValueError(
             "max_body_bytes and max_json_bytes must be positive, max_inflight_bytes at least "
@@ -196,6 +204,7 @@ def create_app(
         dependencies = [api_key_auth(api_keys), *dependencies]
     api = _InferenceApi(
         hub,
+        tracer=tracer,
         max_body_bytes=max_body_bytes,
         max_json_bytes=max_json_bytes,
         max_inflight_bytes=max_inflight_bytes,
@@ -307,8 +316,15 @@ class _InferenceApi:
     """The route handlers, over one served hub."""
 
     def __init__(
-        self, hub: ServedHub, *, max_body_bytes: int, max_json_bytes: int, max_inflight_bytes: int
+        self,
+        hub: ServedHub,
+        *,
+        tracer: Callable[[], HubTracer | None],
+        max_body_bytes: int,
+        max_json_bytes: int,
+        max_inflight_bytes: int,
     ) -> None:
+        self.tracer = tracer
         self.dispatcher = hub.dispatcher
         self.missing = hub.missing
         self.language = hub.language
@@ -373,6 +389,9 @@ class _InferenceApi:
         inference_header_content_length: str | None,
     ) -> Response:
         received = time.monotonic()
+        tracer = self.tracer()
+        submitted: float | None = None
+        request_id: str | None = None
         lease = self.budget.lease()
         try:
             body_media_type(request.headers.get("content-type"), _INFER_MEDIA_TYPES)
@@ -391,9 +410,13 @@ class _InferenceApi:
             del body  # the tensors are decoded: the text can go
             _check_outputs(info, decoded)
             deadline = None if decoded.timeout_us is None else received + decoded.timeout_us / 1e6
+            request_id = decoded.id
+            if tracer is not None:
+                submitted = time.monotonic()
             result = await _submit(
                 self.dispatcher, model_name, model_version, decoded.inputs, deadline, received
             )
+            answered = time.monotonic()
             try:
                 content, json_length = await maybe_offload(
                     sum(a.nbytes for a in result.outputs.values()),
@@ -413,10 +436,22 @@ class _InferenceApi:
             status, code, message = describe(e)
             _drop_tracebacks(e)  # their frames hold the body: free it now, not at the next GC
             self.prometheus.record("http", model_name, model_version, received=received, error=code)
+            if tracer is not None:
+                now = time.monotonic()
+                traced = TracedRequest.http(request.headers, model_name, model_version, request_id)
+                times = RequestTimes(received=received, submitted=submitted, answered=now, sent=now)
+                tracer.record(traced, times, error=code, result=None)
             return error_response(status, message)
         finally:
             lease.release()  # answered, refused or cancelled: its bytes are free again
         self.prometheus.record("http", model_name, model_version, received=received, result=result)
+        if tracer is not None:
+            traced = TracedRequest.http(request.headers, model_name, model_version, request_id)
+            now = time.monotonic()
+            times = RequestTimes(
+                received=received, submitted=submitted, answered=answered, sent=now
+            )
+            tracer.record(traced, times, error=ErrorCode.OK, result=result)
         if json_length is None:
             return Response(content, media_type="application/json")
         return Response(
