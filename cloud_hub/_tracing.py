@@ -57,11 +57,14 @@ _INSTRUMENTATION = "tandem.cloud_hub"
 _DEFAULT_SERVICE = "tandem-hub"
 
 
-def open_hub_tracer(tracing: TracingSettings | bool | None) -> HubTracer | None:
+def open_hub_tracer(
+    tracing: TracingSettings | bool | None, resource: Mapping[str, str] | None = None
+) -> HubTracer | None:
     """The hub's tracer, or ``None`` when tracing is off or OpenTelemetry is missing.
 
     ``None``: the environment decides; ``False``: off; ``True``: on, with the
-    environment's endpoint and service name (or their defaults).
+    environment's endpoint and service name (or their defaults). ``resource``:
+    more attributes of the process (a plane's ingress names itself).
     """
     if tracing is False:
         return None
@@ -86,9 +89,8 @@ def open_hub_tracer(tracing: TracingSettings | bool | None) -> HubTracer | None:
             e,
         )
         return None
-    provider = TracerProvider(
-        resource=Resource.create({"service.name": settings.service(_DEFAULT_SERVICE)})
-    )
+    attributes = {"service.name": settings.service(_DEFAULT_SERVICE), **(resource or {})}
+    provider = TracerProvider(resource=Resource.create(attributes))
     exporter = OTLPSpanExporter(endpoint=settings.traces_url(), timeout=settings.export_timeout_s)
     provider.add_span_processor(BatchSpanProcessor(exporter))
     log.info("tracing: spans go to %s", settings.traces_url())

@@ -38,7 +38,13 @@ def expected_logits(x: np.ndarray) -> np.ndarray:
 
 @contextlib.contextmanager
 def running_hub(
-    repo: Path, broker_url: str | None, *, mqtt: int = 1, http_port: int = 0, http: int = 1
+    repo: Path,
+    broker_url: str | None,
+    *,
+    mqtt: int = 1,
+    http_port: int = 0,
+    http: int = 1,
+    otlp_endpoint: str | None = None,
 ) -> Iterator[HubSupervisor]:
     hub_id = uuid.uuid4().hex[:8]
     spec = PlaneSpec(
@@ -51,6 +57,7 @@ def running_hub(
         http_port=http_port,
         log_level="warning",
         ring_bytes=16 * 1024 * 1024,
+        otlp_endpoint=otlp_endpoint,
     )
     supervisor = HubSupervisor(spec, mqtt_workers=mqtt, http_workers=http).start()
     try:

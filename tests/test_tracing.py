@@ -40,10 +40,11 @@ from shared import (
     parse_tracestate,
 )
 
-from ._brokers import MosquittoProcess
+from ._brokers import MosquittoProcess, free_port
 from ._models import write_linear_classifier
 from ._mqtt_device import Device
 from ._otlp import OtlpReceiver, ReceivedSpan
+from ._plane import linear_repo, running_hub
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -351,6 +352,49 @@ def test_http_infer_with_a_traceparent_header_continues_that_trace(
     refused = ingress[None]  # refused before its body was read: no request id
     assert refused.trace_id == TRACE_ID and refused.attributes["tandem.error"] == "unknown_model"
     assert "tandem.hub.batch" not in {s.name for s in spans if s.parent_span_id == refused.span_id}
+
+
+# -- the process plane (tandem hub) ---------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_process_planes_ingress_processes_continue_the_devices_trace(
+    linear_onnx: Path, mosquitto: MosquittoProcess, receiver: OtlpReceiver, tmp_path: Path
+) -> None:
+    """Spans built in the ingress processes from the executor's timings, sent at stop."""
+    repo = linear_repo(tmp_path / "repo")
+    port = free_port()
+    with running_hub(
+        repo, mosquitto.url, http_port=port, otlp_endpoint=receiver.url
+    ) as hub:  # fmt: skip
+        with EdgeAgent(
+            linear_onnx, device_id=f"cam-{uuid.uuid4().hex[:6]}", broker=mosquitto.url,
+            topics=Topics(hub.spec.prefix), policy=OffloadPolicy.always_cloud(),
+            cloud_model="linear", tracing=TracingSettings(endpoint=receiver.url),
+        ) as agent:  # fmt: skip
+            result = agent.infer(x_rows(), deadline_ms=20_000)
+        answer = httpx.post(
+            f"http://127.0.0.1:{port}/v2/models/linear/infer", json=infer_body(request_id="p1"),
+            headers={"traceparent": TRACEPARENT}, timeout=30,
+        )  # fmt: skip
+    assert result.source is Source.CLOUD, result.reason
+    assert answer.status_code == 200, answer.text
+    spans = receiver.wait_for(
+        lambda got: (
+            len([s for s in got if s.name == "tandem.hub.ingress"]) == 2
+            and "tandem.send" in names(got)
+        )
+    )
+    ingress = {
+        s.attributes.get("tandem.request_id"): s for s in spans if s.name == "tandem.hub.ingress"
+    }
+    send = by_name(spans)["tandem.send"]
+    over_mqtt = ingress[result.request_id]
+    assert (over_mqtt.trace_id, over_mqtt.parent_span_id) == (send.trace_id, send.span_id)
+    assert (ingress["p1"].trace_id, ingress["p1"].parent_span_id) == (TRACE_ID, SPAN_ID)
+    computed = [s for s in spans if s.name == "tandem.hub.compute"]
+    assert {s.trace_id for s in computed} == {send.trace_id, TRACE_ID}
+    assert {s.service for s in spans if s.name.startswith("tandem.hub.")} == {"tandem-hub"}
 
 
 # -- tracing off ----------------------------------------------------------------------------
