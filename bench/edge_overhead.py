@@ -10,7 +10,11 @@
   ``run`` under ``session.run`` (``session._sess.run``), which is what the
   agent's ONNX runtime calls once ``validate`` has made the checks the
   Python ``session.run`` makes; the agent's own Python work is therefore
-  "agent added" minus "C++ run added" (the latter is negative).
+  "agent added" minus "C++ run added" (the latter is negative). The agent
+  measured runs with tracing off (``tracing=False``: the default when no
+  ``OTEL_*`` variable asks for it); one more interleaving times an agent
+  with tracing on, every call's spans exported over OTLP/HTTP to a loopback
+  receiver in another process (``bench._procs.OtlpSinkProcess``).
 * Import: fresh interpreters timing ``import onnxruntime`` and
   ``import onnxruntime, edge_agent``; the difference is the agent's own.
 * Memory: a fresh interpreter loads the agent with the model, runs 100
@@ -25,6 +29,7 @@ import pstats
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -61,7 +66,9 @@ def run() -> dict[str, Any]:
     options.inter_op_num_threads = 1
     session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     feed = {session.get_inputs()[0].name: image}
-    agent = EdgeAgent(str(model), device_id="bench", policy=OffloadPolicy.always_local())
+    agent = EdgeAgent(
+        str(model), device_id="bench", policy=OffloadPolicy.always_local(), tracing=False
+    )
     runtime = agent.runtime
     assert runtime is not None
 
@@ -97,6 +104,8 @@ def run() -> dict[str, Any]:
     agent_us = [r["other_us"] for r in rounds["agent"]]
     added_us = statistics.median(added["agent"])
 
+    rounds["traced"] = _traced_rounds(model, image, raw)
+    added["traced"] = [r["added_us"] for r in rounds["traced"]]
     profile = _profile(agent_call)
     agent.close()
 
@@ -104,6 +113,34 @@ def run() -> dict[str, Any]:
     memory = _memory(model)
     tflite = _tflite(model)
     return _result(raw_us, agent_us, added, added_us, profile, imports, memory, tflite)
+
+
+def _traced_rounds(model: Path, image: np.ndarray, raw: Any) -> list[dict[str, float]]:
+    """Raw/agent interleavings with tracing on: spans exported to a loopback receiver."""
+    from bench._procs import OtlpSinkProcess
+    from edge_agent import EdgeAgent, OffloadPolicy
+    from shared import TracingSettings
+
+    with tempfile.TemporaryDirectory() as work:
+        sink = OtlpSinkProcess(Path(work)).start()
+        try:
+            traced = EdgeAgent(
+                str(model),
+                device_id="bench-traced",
+                policy=OffloadPolicy.always_local(),
+                tracing=TracingSettings(endpoint=sink.url),
+            )
+
+            def traced_call() -> None:
+                traced.infer(image)
+
+            for _ in range(300):
+                traced_call()
+            rounds = _interleaved(raw, traced_call)
+            traced.close()
+        finally:
+            sink.stop()
+    return rounds
 
 
 def _interleaved(base: Any, other: Any) -> list[dict[str, float]]:
@@ -337,11 +374,20 @@ def _result(
         },
     ]
     rounds_table = [
-        [i + 1, f"{r:.1f}", f"{a:.1f}", f"{d:.1f}", f"{w:.1f}", f"{c:.1f}"]
-        for i, (r, a, d, w, c) in enumerate(
-            zip(raw_us, agent_us, added["agent"], added["runtime"], added["cxx_run"], strict=True)
+        [i + 1, f"{r:.1f}", f"{a:.1f}", f"{d:.1f}", f"{w:.1f}", f"{c:.1f}", f"{t:.1f}"]
+        for i, (r, a, d, w, c, t) in enumerate(
+            zip(
+                raw_us,
+                agent_us,
+                added["agent"],
+                added["runtime"],
+                added["cxx_run"],
+                added["traced"],
+                strict=True,
+            )
         )
     ]
+    traced_us = statistics.median(added["traced"])
     return {
         "title": "(d) Edge overhead",
         "summary": (
@@ -352,7 +398,9 @@ def _result(
             "`validate` has already made, which alone is "
             f"{-cxx_us:.1f} µs faster than `session.run`. Measured from that C++ call "
             "(a difference of two interleavings' medians, so rougher), the agent's own work "
-            f"(validation, routing, result, telemetry) is about {added_us - cxx_us:.0f} µs."
+            f"(validation, routing, result, telemetry) is about {added_us - cxx_us:.0f} µs. "
+            f"With tracing on (every call's three spans exported over OTLP/HTTP to a loopback "
+            f"receiver) the agent adds {traced_us:.1f} µs (IQR {iqr(added['traced'])})."
         ),
         "targets": targets,
         "tables": [
@@ -365,8 +413,26 @@ def _result(
                     "agent added",
                     "runtime wrapper added",
                     "C++ run added",
+                    "agent traced added",
                 ],
                 "rows": rounds_table,
+            },
+            {
+                "title": "Tracing off and on (agent added per local call, median over rounds, µs)",
+                "columns": ["agent", "added µs", "IQR"],
+                "rows": [
+                    [
+                        "tracing off (`tracing=False`, as with no `OTEL_*` variable set)",
+                        f"{added_us:.1f}",
+                        iqr(added["agent"]),
+                    ],
+                    [
+                        "tracing on: spans `tandem.infer`, `tandem.decision`, `tandem.local_run` "
+                        "per call, BatchSpanProcessor, OTLP/HTTP to a loopback receiver",
+                        f"{traced_us:.1f}",
+                        iqr(added["traced"]),
+                    ],
+                ],
             },
             {
                 "title": "Where an agent call spends its time (cProfile, own time per infer; "
@@ -408,6 +474,12 @@ def _result(
             f"`import edge_agent` alone (it does not import onnxruntime until a model loads) "
             f"takes {imports['edge_agent_alone_s']:.3f} s.",
             f"TFLite: skipped — {tflite['skipped']}.",
+            "Tracing: the agent measured for the targets runs with tracing off, the default "
+            "when no `OTEL_*` variable asks for it; its only tracing work per call is one "
+            "`is None` check (docs/tracing.md). The traced agent is the SDK's cost: three "
+            "spans built per call and the BatchSpanProcessor's thread encoding and posting "
+            "them (it shares the GIL with the calls); a sampler "
+            "(`OTEL_TRACES_SAMPLER=parentbased_traceidratio`) makes unsampled calls cheap.",
         ],
         "data": {
             "raw_us": raw_us,

@@ -252,6 +252,32 @@ def test_a_fallback_is_marked_on_the_root_and_its_wait_ends_in_a_timeout(
     assert span["tandem.local_run"].parent_span_id == root.span_id  # the fallback's run
 
 
+def test_a_call_is_a_child_of_the_apps_current_span(
+    linear_onnx: Path, receiver: OtlpReceiver
+) -> None:
+    from opentelemetry import trace
+
+    app_span = trace.NonRecordingSpan(
+        trace.SpanContext(
+            trace_id=int(TRACE_ID, 16),
+            span_id=int(SPAN_ID, 16),
+            is_remote=True,
+            trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+        )
+    )
+    with (
+        EdgeAgent(
+            linear_onnx, device_id="cam-p", policy=OffloadPolicy.always_local(),
+            tracing=TracingSettings(endpoint=receiver.url),
+        ) as agent,
+        trace.use_span(app_span),
+    ):  # fmt: skip
+        agent.infer(x_rows(1))
+    spans = receiver.wait_for(lambda got: "tandem.infer" in names(got))
+    root = by_name(spans)["tandem.infer"]
+    assert (root.trace_id, root.parent_span_id) == (TRACE_ID, SPAN_ID)
+
+
 def test_the_async_agent_traces_its_local_calls(linear_onnx: Path, receiver: OtlpReceiver) -> None:
     import asyncio
 
