@@ -136,14 +136,16 @@ class EdgeAgent(BaseAgent):
         """``infer`` with its spans (``_tracing``): the same steps, each in a span."""
         trace, serving, call = self._traced_begin(inputs, deadline_ms)
         try:
-            with trace.step("tandem.decision"):
+            with trace.step("tandem.decision") as step:
                 decision = self._route_before(call)
+                step.decided(decision)
             if decision.route is _LOCAL:
                 with trace.step("tandem.local_run"):
                     self._run_local(call)
                 if self.policy.always is None:
-                    with trace.step("tandem.decision"):
+                    with trace.step("tandem.decision") as step:
                         decision = self._route_after(call)
+                        step.decided(decision)
             if decision.route is _LOCAL:
                 result = self._edge_result(call, decision.reason)
             else:
@@ -281,14 +283,16 @@ class AsyncEdgeAgent(BaseAgent):
         """``infer`` with its spans, as ``EdgeAgent._traced_infer``."""
         trace, serving, call = self._traced_begin(inputs, deadline_ms)
         try:
-            with trace.step("tandem.decision"):
+            with trace.step("tandem.decision") as step:
                 decision = self._route_before(call)
+                step.decided(decision)
             if decision.route is _LOCAL:
                 with trace.step("tandem.local_run"):
                     await self._run_local(call)
                 if self.policy.always is None:
-                    with trace.step("tandem.decision"):
+                    with trace.step("tandem.decision") as step:
                         decision = self._route_after(call)
+                        step.decided(decision)
             if decision.route is _LOCAL:
                 result = self._edge_result(call, decision.reason)
             else:

@@ -14,7 +14,8 @@ and so flushed, by ``close``. The spans of one call, all with the attribute
 ``tandem.request_id``::
 
     tandem.infer            the call (parent: the caller's current span, if any)
-      tandem.decision       the route before the local run; again after it (uncertain?)
+      tandem.decision       the route before the local run; again after it (uncertain?);
+                            attributes tandem.route, tandem.decision, tandem.score
       tandem.local_run      the edge model
       tandem.send           encoding and publishing the request (its traceparent goes
                             in the frame header: the hub's spans are its children)
@@ -23,7 +24,7 @@ and so flushed, by ``close``. The spans of one call, all with the attribute
 
 The root span's attributes say what the call became: ``tandem.model``,
 ``tandem.device``, ``tandem.route`` and ``tandem.decision`` (the route and
-its reason), ``tandem.offloaded`` (the cloud was tried), ``tandem.source``
+its reason), ``tandem.offloaded`` (routed to the cloud), ``tandem.source``
 (edge, cloud, edge-fallback), ``tandem.fallback`` (why, for a fallback),
 ``tandem.deadline_met``.
 """
@@ -36,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from shared import TracingSettings
 
 if TYPE_CHECKING:
+    from ._policy import Decision
     from ._result import InferenceResult
 
 __all__ = ["UNTRACED", "CallTrace", "EdgeTracer", "open_tracer"]
@@ -193,6 +195,14 @@ class _Step:
 
     def set(self, key: str, value: Any) -> None:
         self.span.set_attribute(key, value)
+
+    def decided(self, decision: Decision) -> None:
+        """A decision span's outcome: the route, its reason, the score when there is one."""
+        span = self.span
+        span.set_attribute("tandem.route", str(decision.route))
+        span.set_attribute("tandem.decision", str(decision.reason))
+        if decision.score is not None:
+            span.set_attribute("tandem.score", float(decision.score))
 
 
 class _Untraced:

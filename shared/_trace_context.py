@@ -26,6 +26,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ._errors import ConfigError
+
 __all__ = [
     "TRACEPARENT_HEADER",
     "TRACESTATE_HEADER",
@@ -76,6 +78,7 @@ class TracingSettings:
     ``http://localhost:4318``. ``service_name``: ``None``: ``OTEL_SERVICE_NAME``,
     else the side's default (``tandem-edge``, ``tandem-hub``).
     ``export_timeout_s``: how long one export may take before it is dropped.
+    A setting that cannot work raises ``ConfigError``.
     """
 
     endpoint: str | None = None
@@ -84,9 +87,9 @@ class TracingSettings:
 
     def __post_init__(self) -> None:
         if self.endpoint is not None and not re.match(r"https?://[^/\s]+", self.endpoint):
-            raise ValueError(f"endpoint must be an http(s) URL, got {self.endpoint!r:.80}")
+            raise ConfigError(f"endpoint must be an http(s) URL, got {self.endpoint!r:.80}")
         if not self.export_timeout_s > 0:
-            raise ValueError("export_timeout_s must be positive")
+            raise ConfigError("export_timeout_s must be positive")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TracingSettings | None:

@@ -222,6 +222,7 @@ def test_an_offloaded_request_is_one_trace_from_the_device_through_the_hub(
     assert root.attributes["tandem.model"] == "linear"
     assert "tandem.fallback" not in root.attributes
     assert span["tandem.send"].attributes["tandem.request_bytes"] > 16 * 2 * 4
+    assert span["tandem.decision"].attributes["tandem.route"] == "cloud"
     assert span["tandem.hub.batch"].attributes["tandem.batch_rows"] >= 2
     assert span["tandem.hub.ingress"].attributes["tandem.error"] == "ok"
     assert {s.service for s in mine if s.name in DEVICE_SPANS} == {"camera"}
@@ -250,6 +251,25 @@ def test_a_fallback_is_marked_on_the_root_and_its_wait_ends_in_a_timeout(
     assert root.attributes["tandem.offloaded"] is True
     assert span["tandem.wait"].attributes["error.type"] == "TimeoutError"
     assert span["tandem.local_run"].parent_span_id == root.span_id  # the fallback's run
+
+
+def test_both_decisions_are_spans_and_the_second_has_the_local_answers_score(
+    linear_onnx: Path, receiver: OtlpReceiver
+) -> None:
+    with EdgeAgent(
+        linear_onnx, device_id="cam-s", policy=OffloadPolicy.threshold(-1.0),
+        tracing=TracingSettings(endpoint=receiver.url),
+    ) as agent:  # fmt: skip  # every answer is "uncertain"; no broker: it falls back
+        result = agent.infer(x_rows(1))
+    assert result.source is Source.EDGE_FALLBACK
+    spans = receiver.wait_for(lambda got: "tandem.infer" in names(got))
+    decisions = sorted((s for s in spans if s.name == "tandem.decision"), key=lambda s: s.start_ns)
+    assert [d.attributes["tandem.route"] for d in decisions] == ["local", "cloud"]
+    assert "tandem.score" not in decisions[0].attributes
+    assert decisions[1].attributes["tandem.score"] == pytest.approx(result.score)
+    root = by_name(spans)["tandem.infer"]
+    assert root.attributes["tandem.fallback"] == result.reason
+    assert root.attributes["tandem.decision"] == decisions[1].attributes["tandem.decision"]
 
 
 def test_a_call_is_a_child_of_the_apps_current_span(
