@@ -22,6 +22,8 @@ from ._errors import UplinkError
 from ._outcome import CloudAnswer, CloudOutcome, Fallback
 from ._policy import Decision, Route
 from ._result import InferenceResult
+from ._telemetry import ServingStats
+from ._tracing import CallTrace, step_of
 from .language import AsyncTextStream, Conversation, Sampling, TextStream
 from .language._turn import start_chat, start_generate
 
@@ -55,7 +57,7 @@ class EdgeAgent(BaseAgent):
             self.runtime.close()
         if self.language is not None:
             self.language.close()
-        self._close_tracer()
+        _close_tracer(self)
 
     def __enter__(self) -> EdgeAgent:
         return self.start()
@@ -134,7 +136,7 @@ class EdgeAgent(BaseAgent):
         self, inputs: Mapping[str, np.ndarray] | np.ndarray, deadline_ms: float | None
     ) -> InferenceResult:
         """``infer`` with its spans (``_tracing``): the same steps, each in a span."""
-        trace, serving, call = self._traced_begin(inputs, deadline_ms)
+        trace, serving, call = _traced_begin(self, inputs, deadline_ms)
         try:
             with trace.step("tandem.decision") as step:
                 decision = self._route_before(call)
@@ -164,7 +166,7 @@ class EdgeAgent(BaseAgent):
         if call.local_outputs is None:
             if call.runtime is None:
                 raise self._no_answer(outcome)
-            with self._step(call, "tandem.local_run"):
+            with step_of(call.trace, "tandem.local_run"):
                 self._run_local(call)
         return self._fallback_result(call, outcome.reason)
 
@@ -174,7 +176,7 @@ class EdgeAgent(BaseAgent):
             return wait_ms
         try:
             future = self._send(call, wait_ms)
-            with self._step(call, "tandem.wait"):
+            with step_of(call.trace, "tandem.wait"):
                 reply = future.result(timeout=self._wait_left_s(call))
         except (TimeoutError, UplinkError) as e:
             return self._cloud_failed(call, e)
@@ -214,7 +216,7 @@ class AsyncEdgeAgent(BaseAgent):
             self.runtime.close()
         if self.language is not None:
             self.language.close()
-        await asyncio.to_thread(self._close_tracer)
+        await asyncio.to_thread(_close_tracer, self)
 
     async def __aenter__(self) -> AsyncEdgeAgent:
         return await self.start()
@@ -281,7 +283,7 @@ class AsyncEdgeAgent(BaseAgent):
         self, inputs: Mapping[str, np.ndarray] | np.ndarray, deadline_ms: float | None
     ) -> InferenceResult:
         """``infer`` with its spans, as ``EdgeAgent._traced_infer``."""
-        trace, serving, call = self._traced_begin(inputs, deadline_ms)
+        trace, serving, call = _traced_begin(self, inputs, deadline_ms)
         try:
             with trace.step("tandem.decision") as step:
                 decision = self._route_before(call)
@@ -312,7 +314,7 @@ class AsyncEdgeAgent(BaseAgent):
         if call.local_outputs is None:
             if call.runtime is None:
                 raise self._no_answer(outcome)
-            with self._step(call, "tandem.local_run"):
+            with step_of(call.trace, "tandem.local_run"):
                 await self._run_local(call)
         return self._fallback_result(call, outcome.reason)
 
@@ -322,7 +324,7 @@ class AsyncEdgeAgent(BaseAgent):
             return wait_ms
         try:
             future = self._send(call, wait_ms)
-            with self._step(call, "tandem.wait"):
+            with step_of(call.trace, "tandem.wait"):
                 reply = await asyncio.wait_for(asyncio.wrap_future(future), self._wait_left_s(call))
         except (TimeoutError, UplinkError) as e:
             return self._cloud_failed(call, e)
@@ -339,3 +341,28 @@ class AsyncEdgeAgent(BaseAgent):
         finally:
             inflight.leave()
         self._local_done(call, outputs, (_now() - t0) * 1000.0)
+
+
+def _traced_begin(
+    agent: BaseAgent, inputs: Mapping[str, np.ndarray] | np.ndarray, deadline_ms: float | None
+) -> tuple[CallTrace, ServingStats, Call]:
+    """``_begin`` of a traced call: the root span opened first, so it covers the checks."""
+    assert agent._tracer is not None
+    trace = agent._tracer.begin()
+    serving = agent._serving
+    try:
+        call = agent._begin(serving, inputs, deadline_ms)
+    except Exception as e:
+        trace.failed(e)
+        agent._failed(serving)
+        raise
+    call.trace = trace
+    trace.named(call.request_id)
+    return trace, serving, call
+
+
+def _close_tracer(agent: BaseAgent) -> None:
+    """Flush the spans not exported yet (``close``); later calls are not traced."""
+    tracer, agent._tracer = agent._tracer, None
+    if tracer is not None:
+        tracer.shutdown()

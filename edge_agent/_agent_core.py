@@ -48,7 +48,6 @@ from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -75,7 +74,7 @@ from ._report import AgentMetrics
 from ._result import InferenceResult, LatencyBreakdown, Source
 from ._sharing import ExampleSharing
 from ._telemetry import AgentSnapshot, AgentStats, ServingStats, TelemetryRecorder, check_labels
-from ._tracing import UNTRACED, CallTrace, EdgeTracer, open_tracer
+from ._tracing import EdgeTracer, open_tracer, traced_send
 from ._uplink import MqttUplink
 from .language import LanguageRuntime, load_language_runtime
 from .language._cloud import CloudTextSettings, TextLink
@@ -369,12 +368,6 @@ class BaseAgent:
         """A wait for the cloud ran out: learn how late this thread got back."""
         self.wake_lateness_ms.observe(max(0.0, (_now() - call.wake_at) * 1000.0))
 
-    @staticmethod
-    def _step(call: Call, name: str) -> Any:
-        """A span of ``call`` for ``with`` (``_tracing``), or a do-nothing one when untraced."""
-        trace = call.trace
-        return UNTRACED if trace is None else trace.step(name)
-
     def _send(self, call: Call, wait_ms: float) -> Future[Message]:
         assert self.uplink is not None
         with self._stats_lock:
@@ -392,36 +385,7 @@ class BaseAgent:
             if sharing is None
             else sharing.header(call.serving.versions, call.local_outputs, call.score),
         )
-        if call.trace is None:
-            return send()[0]
-        with call.trace.step("tandem.send") as step:  # the hub's spans are this one's children
-            traceparent, tracestate = step.traceparent()
-            future, sent_bytes = send(traceparent=traceparent, tracestate=tracestate)
-            step.set("tandem.request_bytes", sent_bytes)
-        return future
-
-    def _traced_begin(
-        self, inputs: Mapping[str, np.ndarray] | np.ndarray, deadline_ms: float | None
-    ) -> tuple[CallTrace, ServingStats, Call]:
-        """``_begin`` of a traced call: the root span opened first, so it covers the checks."""
-        assert self._tracer is not None
-        trace = self._tracer.begin()
-        serving = self._serving
-        try:
-            call = self._begin(serving, inputs, deadline_ms)
-        except Exception as e:
-            trace.failed(e)
-            self._failed(serving)
-            raise
-        call.trace = trace
-        trace.named(call.request_id)
-        return trace, serving, call
-
-    def _close_tracer(self) -> None:
-        """Flush the spans not exported yet (``close``)."""
-        tracer, self._tracer = self._tracer, None  # later calls are not traced
-        if tracer is not None:
-            tracer.shutdown()
+        return send()[0] if call.trace is None else traced_send(call.trace, send)
 
     def _cloud_failed(self, call: Call, error: BaseException) -> Fallback:
         if isinstance(error, TimeoutError):

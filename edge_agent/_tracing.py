@@ -32,15 +32,20 @@ its reason), ``tandem.offloaded`` (routed to the cloud), ``tandem.source``
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from shared import TracingSettings
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from shared import Message
+
     from ._policy import Decision
     from ._result import InferenceResult
 
-__all__ = ["UNTRACED", "CallTrace", "EdgeTracer", "open_tracer"]
+__all__ = ["UNTRACED", "CallTrace", "EdgeTracer", "open_tracer", "step_of", "traced_send"]
 
 log = logging.getLogger("tandem.edge.tracing")
 
@@ -218,3 +223,20 @@ class _Untraced:
 
 
 UNTRACED = _Untraced()  # one instance for every call: no object per untraced step
+
+
+def step_of(trace: CallTrace | None, name: str) -> _Step | _Untraced:
+    """A span named ``name`` of a call for ``with``, or ``UNTRACED`` when it is not traced."""
+    return UNTRACED if trace is None else _Step(trace, name)
+
+
+def traced_send(
+    trace: CallTrace, send: Callable[..., tuple[Future[Message], int]]
+) -> Future[Message]:
+    """Publish through ``send`` (``MqttUplink.send``) in a ``tandem.send`` span whose W3C
+    context goes in the frame header: the hub's spans become this span's children."""
+    with _Step(trace, "tandem.send") as step:
+        traceparent, tracestate = step.traceparent()
+        future, sent_bytes = send(traceparent=traceparent, tracestate=tracestate)
+        step.set("tandem.request_bytes", sent_bytes)
+    return future
