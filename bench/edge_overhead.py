@@ -316,6 +316,42 @@ def _fixes(profile: list[dict[str, Any]], met: bool) -> list[str]:
     return fixes
 
 
+def _rounds_table(
+    raw_us: list[float], agent_us: list[float], added: dict[str, list[float]]
+) -> list[list[Any]]:
+    columns = zip(
+        raw_us,
+        agent_us,
+        added["agent"],
+        added["runtime"],
+        added["cxx_run"],
+        added["traced"],
+        strict=True,
+    )
+    return [[i + 1, *(f"{v:.1f}" for v in values)] for i, values in enumerate(columns)]
+
+
+def _tracing_table(added: dict[str, list[float]], iqr: Any) -> dict[str, Any]:
+    """The agent's added time with tracing off (the targets' agent) and on."""
+    return {
+        "title": "Tracing off and on (agent added per local call, median over rounds, µs)",
+        "columns": ["agent", "added µs", "IQR"],
+        "rows": [
+            [
+                "tracing off (`tracing=False`, as with no `OTEL_*` variable set)",
+                f"{statistics.median(added['agent']):.1f}",
+                iqr(added["agent"]),
+            ],
+            [
+                "tracing on: spans `tandem.infer`, `tandem.decision`, `tandem.local_run` per "
+                "call, BatchSpanProcessor, OTLP/HTTP to a loopback receiver",
+                f"{statistics.median(added['traced']):.1f}",
+                iqr(added["traced"]),
+            ],
+        ],
+    }
+
+
 def _result(
     raw_us: list[float],
     agent_us: list[float],
@@ -373,20 +409,7 @@ def _result(
             "limited_by": None,
         },
     ]
-    rounds_table = [
-        [i + 1, f"{r:.1f}", f"{a:.1f}", f"{d:.1f}", f"{w:.1f}", f"{c:.1f}", f"{t:.1f}"]
-        for i, (r, a, d, w, c, t) in enumerate(
-            zip(
-                raw_us,
-                agent_us,
-                added["agent"],
-                added["runtime"],
-                added["cxx_run"],
-                added["traced"],
-                strict=True,
-            )
-        )
-    ]
+    rounds_table = _rounds_table(raw_us, agent_us, added)
     traced_us = statistics.median(added["traced"])
     return {
         "title": "(d) Edge overhead",
@@ -417,23 +440,7 @@ def _result(
                 ],
                 "rows": rounds_table,
             },
-            {
-                "title": "Tracing off and on (agent added per local call, median over rounds, µs)",
-                "columns": ["agent", "added µs", "IQR"],
-                "rows": [
-                    [
-                        "tracing off (`tracing=False`, as with no `OTEL_*` variable set)",
-                        f"{added_us:.1f}",
-                        iqr(added["agent"]),
-                    ],
-                    [
-                        "tracing on: spans `tandem.infer`, `tandem.decision`, `tandem.local_run` "
-                        "per call, BatchSpanProcessor, OTLP/HTTP to a loopback receiver",
-                        f"{traced_us:.1f}",
-                        iqr(added["traced"]),
-                    ],
-                ],
-            },
+            _tracing_table(added, iqr),
             {
                 "title": "Where an agent call spends its time (cProfile, own time per infer; "
                 "the profiler inflates absolute figures, read them as shares)",

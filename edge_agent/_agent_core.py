@@ -171,9 +171,7 @@ class BaseAgent:
         self._ids = itertools.count(1)
         self.telemetry = TelemetryRecorder(window=latency_window)
         # Spans of every call (``_tracing``); None: tracing off, and calls skip it entirely.
-        self._tracer: EdgeTracer | None = open_tracer(
-            tracing, device_id=device_id, model=self.cloud_model
-        )
+        self._tracer: EdgeTracer | None = open_tracer(tracing, device_id, self.cloud_model)
         self._local_inflight = InflightCounter()
         self.uplink: MqttUplink | None = None
         self.cloud_probe: CloudProbe | None = None

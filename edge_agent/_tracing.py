@@ -54,7 +54,7 @@ _DEFAULT_SERVICE = "tandem-edge"
 
 
 def open_tracer(
-    tracing: TracingSettings | bool | None, *, device_id: str, model: str
+    tracing: TracingSettings | bool | None, device_id: str, model: str
 ) -> EdgeTracer | None:
     """The agent's tracer, or ``None`` when tracing is off or OpenTelemetry is missing.
 

@@ -177,13 +177,11 @@ def create_app(
     An in-process ``Hub`` also gets the OpenAI-compatible ``/v1`` routes for its
     language models (``_openai``; ``token_budget`` limits each key's tokens), and
     so does a ``ServedHub`` with ``language`` (a process plane's ingress, whose
-    engines are its language executors' clients).
+    engines are its language executors' clients). Each infer request's spans go to
+    the hub's tracer when it has one (``Hub(tracing=...)``, ``ServedHub.tracer``).
     """
-    language = hub.language
-    tracer: Callable[[], HubTracer | None]
+    language, given = hub.language, hub
     if isinstance(hub, Hub):
-        in_process = hub
-        tracer = lambda: in_process.tracer  # noqa: E731  # opened by the hub's start
         hub = ServedHub(
             hub.dispatcher,
             hub.prometheus,
@@ -192,19 +190,12 @@ def create_app(
             hub.language,
             hub.prometheus.model_counts,
         )
-    else:
-        served = hub
-        tracer = lambda: served.tracer  # noqa: E731
-    if max_body_bytes <= 0 or max_json_bytes <= 0 or max_inflight_bytes < max_body_bytes:
-        raise ValueError(
-            "max_body_bytes and max_json_bytes must be positive, max_inflight_bytes at least "
-            "max_body_bytes"
-        )
+    _check_sizes(max_body_bytes, max_json_bytes, max_inflight_bytes)
     if api_keys is not None:
         dependencies = [api_key_auth(api_keys), *dependencies]
     api = _InferenceApi(
         hub,
-        tracer=tracer,
+        tracer=_tracer_of(given),
         max_body_bytes=max_body_bytes,
         max_json_bytes=max_json_bytes,
         max_inflight_bytes=max_inflight_bytes,
@@ -278,6 +269,19 @@ _HeaderLength = Annotated[
     ),
 ]
 _Handlers = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]
+
+
+def _check_sizes(max_body_bytes: int, max_json_bytes: int, max_inflight_bytes: int) -> None:
+    if max_body_bytes <= 0 or max_json_bytes <= 0 or max_inflight_bytes < max_body_bytes:
+        raise ValueError(
+            "max_body_bytes and max_json_bytes must be positive, max_inflight_bytes at least "
+            "max_body_bytes"
+        )
+
+
+def _tracer_of(hub: Hub | ServedHub) -> Callable[[], HubTracer | None]:
+    """Its tracer, read at each request: an in-process ``Hub`` opens one at ``start``."""
+    return lambda: hub.tracer
 
 
 def _unversioned(api: _InferenceApi) -> _Handlers:
