@@ -77,7 +77,9 @@ class TracingSettings:
     ``/v1/traces`` is used as it is); ``None``: the environment's, else
     ``http://localhost:4318``. ``service_name``: ``None``: ``OTEL_SERVICE_NAME``,
     else the side's default (``tandem-edge``, ``tandem-hub``).
-    ``export_timeout_s``: how long one export may take before it is dropped.
+    ``export_timeout_s``: how long one export may take, retries included, before
+    its spans are dropped; it also bounds how long closing waits on an
+    unreachable receiver.
     A setting that cannot work raises ``ConfigError``.
     """
 
