@@ -443,6 +443,25 @@ def test_the_process_planes_ingress_processes_continue_the_devices_trace(
     assert {s.service for s in spans if s.name.startswith("tandem.hub.")} == {"tandem-hub"}
 
 
+def test_the_hub_commands_otlp_endpoint_reaches_the_plane_and_a_bad_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    from cloud_hub.plane import HubServeSettings
+    from cloud_hub.plane._launch import plan
+
+    settings = HubServeSettings(repo=tmp_path, otlp_endpoint="http://otel:4318")
+    assert settings.problem() is None
+    assert plan(settings).otlp_endpoint == "http://otel:4318"
+    assert plan(HubServeSettings(repo=tmp_path)).otlp_endpoint is None  # the environment's
+    problem = HubServeSettings(repo=tmp_path, otlp_endpoint="otel:4318").problem()
+    assert problem is not None and problem[0] == "--otlp-endpoint"
+    done = subprocess.run(
+        [sys.executable, "-m", "cloud_hub", "--repo", str(tmp_path), "--otlp-endpoint", "otel"],
+        cwd=ROOT, env=_clean_env(), capture_output=True, text=True, timeout=100, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "--otlp-endpoint" in done.stderr, done.stderr
+
+
 # -- tracing off ----------------------------------------------------------------------------
 
 _NO_OTEL = """
