@@ -44,6 +44,7 @@ TARGET_IMPORT_S = 0.5
 _ROUNDS = 9
 _CALLS_PER_ROUND = 2000
 _IMPORT_REPEATS = 7
+_SAMPLE_RATIO = 0.01  # the sampled traced agent's share of recorded calls
 _REPO = Path(__file__).resolve().parent.parent
 
 
@@ -104,8 +105,9 @@ def run() -> dict[str, Any]:
     agent_us = [r["other_us"] for r in rounds["agent"]]
     added_us = statistics.median(added["agent"])
 
-    rounds["traced"] = _traced_rounds(model, image, raw)
+    rounds |= _traced_rounds(model, image, raw)
     added["traced"] = [r["added_us"] for r in rounds["traced"]]
+    added["sampled"] = [r["added_us"] for r in rounds["sampled"]]
     profile = _profile(agent_call)
     agent.close()
 
@@ -115,32 +117,35 @@ def run() -> dict[str, Any]:
     return _result(raw_us, agent_us, added, added_us, profile, imports, memory, tflite)
 
 
-def _traced_rounds(model: Path, image: np.ndarray, raw: Any) -> list[dict[str, float]]:
-    """Raw/agent interleavings with tracing on: spans exported to a loopback receiver."""
+def _traced_rounds(model: Path, image: np.ndarray, raw: Any) -> dict[str, list[dict[str, float]]]:
+    """Raw/agent interleavings with tracing on, every call recorded ("traced") and one in
+    a hundred ("sampled"): spans exported to a loopback receiver in another process."""
     from bench._procs import OtlpSinkProcess
     from edge_agent import EdgeAgent, OffloadPolicy
     from shared import TracingSettings
 
+    out = {}
     with tempfile.TemporaryDirectory() as work:
         sink = OtlpSinkProcess(Path(work)).start()
         try:
-            traced = EdgeAgent(
-                str(model),
-                device_id="bench-traced",
-                policy=OffloadPolicy.always_local(),
-                tracing=TracingSettings(endpoint=sink.url),
-            )
+            for name, ratio in (("traced", None), ("sampled", _SAMPLE_RATIO)):
+                traced = EdgeAgent(
+                    str(model),
+                    device_id=f"bench-{name}",
+                    policy=OffloadPolicy.always_local(),
+                    tracing=TracingSettings(endpoint=sink.url, sample_ratio=ratio),
+                )
 
-            def traced_call() -> None:
-                traced.infer(image)
+                def traced_call(agent: EdgeAgent = traced) -> None:
+                    agent.infer(image)
 
-            for _ in range(300):
-                traced_call()
-            rounds = _interleaved(raw, traced_call)
-            traced.close()
+                for _ in range(300):
+                    traced_call()
+                out[name] = _interleaved(raw, traced_call)
+                traced.close()
         finally:
             sink.stop()
-    return rounds
+    return out
 
 
 def _interleaved(base: Any, other: Any) -> list[dict[str, float]]:
@@ -348,6 +353,12 @@ def _tracing_table(added: dict[str, list[float]], iqr: Any) -> dict[str, Any]:
                 f"{statistics.median(added['traced']):.1f}",
                 iqr(added["traced"]),
             ],
+            [
+                f"tracing on, `sample_ratio={_SAMPLE_RATIO}`: the calls left out build their "
+                "root span only",
+                f"{statistics.median(added['sampled']):.1f}",
+                iqr(added["sampled"]),
+            ],
         ],
     }
 
@@ -423,7 +434,9 @@ def _result(
             "(a difference of two interleavings' medians, so rougher), the agent's own work "
             f"(validation, routing, result, telemetry) is about {added_us - cxx_us:.0f} µs. "
             f"With tracing on (every call's three spans exported over OTLP/HTTP to a loopback "
-            f"receiver) the agent adds {traced_us:.1f} µs (IQR {iqr(added['traced'])})."
+            f"receiver) the agent adds {traced_us:.1f} µs (IQR {iqr(added['traced'])}); "
+            f"recording one call in {1 / _SAMPLE_RATIO:.0f}, "
+            f"{statistics.median(added['sampled']):.1f} µs."
         ),
         "targets": targets,
         "tables": [

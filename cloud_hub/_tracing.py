@@ -90,7 +90,12 @@ def open_hub_tracer(
         )
         return None
     attributes = {"service.name": settings.service(_DEFAULT_SERVICE), **(resource or {})}
-    provider = TracerProvider(resource=Resource.create(attributes))
+    sampler = None
+    if settings.sample_ratio is not None:  # else the SDK's own: OTEL_TRACES_SAMPLER, or all
+        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+        sampler = ParentBased(TraceIdRatioBased(settings.sample_ratio))
+    provider = TracerProvider(resource=Resource.create(attributes), sampler=sampler)
     exporter = OTLPSpanExporter(endpoint=settings.traces_url(), timeout=settings.export_timeout_s)
     provider.add_span_processor(BatchSpanProcessor(exporter))
     log.info("tracing: spans go to %s", settings.traces_url())

@@ -22,6 +22,10 @@ and so flushed, by ``close``. The spans of one call, all with the attribute
       tandem.wait           waiting for the hub's reply
       tandem.local_run      the fallback's run, when the cloud failed first
 
+A call the sampler leaves out (``OTEL_TRACES_SAMPLER``: a non-recording root)
+builds no child spans, yet its request still carries the root's trace
+context (sampled flag off), so the hub leaves it out too.
+
 The root span's attributes say what the call became: ``tandem.model``,
 ``tandem.device``, ``tandem.route`` and ``tandem.decision`` (the route and
 its reason), ``tandem.offloaded`` (routed to the cloud), ``tandem.source``
@@ -87,10 +91,19 @@ def open_tracer(
     resource = Resource.create(
         {"service.name": settings.service(_DEFAULT_SERVICE), "tandem.device": device_id}
     )
-    provider = TracerProvider(resource=resource)
+    provider = TracerProvider(resource=resource, sampler=_sampler(settings.sample_ratio))
     exporter = OTLPSpanExporter(endpoint=settings.traces_url(), timeout=settings.export_timeout_s)
     provider.add_span_processor(BatchSpanProcessor(exporter))
     return EdgeTracer(provider, device_id=device_id, model=model)
+
+
+def _sampler(ratio: float | None) -> Any:
+    """The sampler for ``TracingSettings.sample_ratio``; ``None``: the SDK's (its env's)."""
+    if ratio is None:
+        return None
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    return ParentBased(TraceIdRatioBased(ratio))
 
 
 class EdgeTracer:
@@ -124,22 +137,23 @@ class EdgeTracer:
 class CallTrace:
     """The spans of one call: its root and the steps under it."""
 
-    __slots__ = ("context", "request_id", "root", "tracer")
+    __slots__ = ("context", "recording", "request_id", "root", "tracer")
 
     def __init__(self, tracer: EdgeTracer, root: Any, context: Any) -> None:
         self.tracer = tracer
         self.root = root
         self.context = context
         self.request_id = ""
+        self.recording: bool = root.is_recording()  # False: sampled out, no child spans
 
     def named(self, request_id: str) -> None:
         """The call has its request id (``_begin`` made it)."""
         self.request_id = request_id
         self.root.set_attribute("tandem.request_id", request_id)
 
-    def step(self, name: str) -> _Step:
+    def step(self, name: str) -> _Step | _Untraced:
         """A child span for ``with``: ended on exit, marked with the error type on one."""
-        return _Step(self, name)
+        return _Step(self, name) if self.recording else UNTRACED
 
     def finish(self, result: InferenceResult, *, route: str, decision: str) -> None:
         """End the root span with what the call became."""
@@ -192,11 +206,7 @@ class _Step:
 
     def traceparent(self) -> tuple[str, str | None]:
         """This span's W3C ``traceparent`` and ``tracestate`` (``None``: empty)."""
-        context = self.span.get_span_context()
-        flags = int(context.trace_flags)
-        parent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"
-        state = context.trace_state.to_header() if context.trace_state else ""
-        return parent, state or None
+        return _context_header(self.span)
 
     def set(self, key: str, value: Any) -> None:
         self.span.set_attribute(key, value)
@@ -210,15 +220,30 @@ class _Step:
             span.set_attribute("tandem.score", float(decision.score))
 
 
+def _context_header(span: Any) -> tuple[str, str | None]:
+    """``span``'s W3C ``traceparent`` and ``tracestate`` (``None``: empty)."""
+    context = span.get_span_context()
+    flags = int(context.trace_flags)
+    parent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{flags:02x}"
+    state = context.trace_state.to_header() if context.trace_state else ""
+    return parent, state or None
+
+
 class _Untraced:
-    """What ``BaseAgent._step`` gives a call that is not traced: nothing, reusable."""
+    """The step of a call that is not traced, or sampled out: nothing, one shared instance."""
 
     __slots__ = ()
 
-    def __enter__(self) -> None:
-        return None
+    def __enter__(self) -> _Untraced:
+        return self
 
     def __exit__(self, *_exc: object) -> None:
+        return None
+
+    def set(self, key: str, value: Any) -> None:
+        return None
+
+    def decided(self, decision: Decision) -> None:
         return None
 
 
@@ -227,14 +252,18 @@ UNTRACED = _Untraced()  # one instance for every call: no object per untraced st
 
 def step_of(trace: CallTrace | None, name: str) -> _Step | _Untraced:
     """A span named ``name`` of a call for ``with``, or ``UNTRACED`` when it is not traced."""
-    return UNTRACED if trace is None else _Step(trace, name)
+    return UNTRACED if trace is None else trace.step(name)
 
 
 def traced_send(
     trace: CallTrace, send: Callable[..., tuple[Future[Message], int]]
 ) -> Future[Message]:
     """Publish through ``send`` (``MqttUplink.send``) in a ``tandem.send`` span whose W3C
-    context goes in the frame header: the hub's spans become this span's children."""
+    context goes in the frame header: the hub's spans become this span's children.
+    Sampled out: no span, and the root's context goes (the hub then samples it out too)."""
+    if not trace.recording:
+        traceparent, tracestate = _context_header(trace.root)
+        return send(traceparent=traceparent, tracestate=tracestate)[0]
     with _Step(trace, "tandem.send") as step:
         traceparent, tracestate = step.traceparent()
         future, sent_bytes = send(traceparent=traceparent, tracestate=tracestate)

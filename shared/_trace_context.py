@@ -79,19 +79,24 @@ class TracingSettings:
     else the side's default (``tandem-edge``, ``tandem-hub``).
     ``export_timeout_s``: how long one export may take, retries included, before
     its spans are dropped; it also bounds how long closing waits on an
-    unreachable receiver.
+    unreachable receiver. ``sample_ratio``: the share of traces recorded, as
+    ``parentbased_traceidratio`` (a request whose device recorded it is recorded
+    by the hub too); ``None``: ``OTEL_TRACES_SAMPLER``, else every trace.
     A setting that cannot work raises ``ConfigError``.
     """
 
     endpoint: str | None = None
     service_name: str | None = None
     export_timeout_s: float = 10.0
+    sample_ratio: float | None = None
 
     def __post_init__(self) -> None:
         if self.endpoint is not None and not re.match(r"https?://[^/\s]+", self.endpoint):
             raise ConfigError(f"endpoint must be an http(s) URL, got {self.endpoint!r:.80}")
         if not self.export_timeout_s > 0:
             raise ConfigError("export_timeout_s must be positive")
+        if self.sample_ratio is not None and not 0.0 <= self.sample_ratio <= 1.0:
+            raise ConfigError(f"sample_ratio must be from 0 to 1, got {self.sample_ratio!r}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TracingSettings | None:

@@ -45,6 +45,7 @@ from ._models import write_linear_classifier
 from ._mqtt_device import Device
 from ._otlp import OtlpReceiver, ReceivedSpan
 from ._plane import linear_repo, running_hub
+from ._responder import Responder
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -178,6 +179,8 @@ def test_settings_resolve_the_traces_url_and_service_name() -> None:
     assert explicit.traces_url(env) == "http://x:1/v1/traces" and explicit.service("b", env) == "a"
     with pytest.raises(ValueError, match="endpoint"):
         TracingSettings(endpoint="collector:4318")
+    with pytest.raises(ValueError, match="sample_ratio"):
+        TracingSettings(sample_ratio=1.5)
 
 
 # -- device -> broker -> hub ---------------------------------------------------------------
@@ -296,6 +299,40 @@ def test_a_call_is_a_child_of_the_apps_current_span(
     spans = receiver.wait_for(lambda got: "tandem.infer" in names(got))
     root = by_name(spans)["tandem.infer"]
     assert (root.trace_id, root.parent_span_id) == (TRACE_ID, SPAN_ID)
+
+
+@pytest.mark.parametrize("how", ["env", "sample_ratio"])
+def test_a_sampled_out_call_exports_nothing_but_its_request_still_carries_the_trace(
+    linear_onnx: Path,
+    mosquitto: MosquittoProcess,
+    receiver: OtlpReceiver,
+    topics,
+    monkeypatch: pytest.MonkeyPatch,
+    how: str,
+) -> None:
+    tracing = TracingSettings(endpoint=receiver.url)
+    if how == "env":
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")  # read by the SDK's provider
+    else:
+        tracing = TracingSettings(endpoint=receiver.url, sample_ratio=0.0)
+
+    def answer(request: Message) -> Message:
+        return request.reply(tensors={"logits": np.zeros((2, 4), np.float32)})
+
+    with (
+        Responder(mosquitto.url, answer, topics) as hub,
+        EdgeAgent(
+            linear_onnx, device_id=f"cam-{uuid.uuid4().hex[:6]}", broker=mosquitto.url,
+            topics=topics, policy=OffloadPolicy.always_cloud(), cloud_model="linear",
+            tracing=tracing,
+        ) as agent,
+    ):  # fmt: skip
+        result = agent.infer(x_rows(), deadline_ms=10_000)
+    assert result.source is Source.CLOUD, result.reason
+    [request] = hub.requests
+    assert request.traceparent is not None
+    assert int(request.traceparent[-2:], 16) & 1 == 0  # the sampled flag is off
+    assert receiver.spans == []  # close flushed: nothing was there to export
 
 
 def test_the_async_agent_traces_its_local_calls(linear_onnx: Path, receiver: OtlpReceiver) -> None:
