@@ -22,7 +22,8 @@ and so flushed, by ``close``. The spans of one call, all with the attribute
       tandem.wait           waiting for the hub's reply
       tandem.local_run      the fallback's run, when the cloud failed first
 
-A call the sampler leaves out (``OTEL_TRACES_SAMPLER``: a non-recording root)
+A call the sampler leaves out (``TracingSettings.sample_ratio`` or
+``OTEL_TRACES_SAMPLER``: a non-recording root)
 builds no child spans, yet its request still carries the root's trace
 context (sampled flag off), so the hub leaves it out too.
 
