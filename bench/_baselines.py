@@ -22,6 +22,12 @@
     plain ``def`` (FastAPI runs it in its thread pool), and ``data`` is
     typed ``list[Any]``, so pydantic does not validate every number: the
     cheaper of the two obvious ways to write it.
+
+``python -m bench._baselines otlp-sink PORT``
+    An OTLP/HTTP trace receiver that takes every ``POST /v1/traces`` and
+    answers 200 without decoding it (``GET /health``: 200): where part (d)'s
+    traced agent exports, in a process of its own so that receiving costs the
+    measured process nothing.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the route's annotations at
@@ -137,6 +143,28 @@ def plain_http(model: Path, port: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, workers=1, log_level="warning", access_log=False)
 
 
+def otlp_sink(port: int) -> None:
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_response(200 if self.path == "/v1/traces" else 404)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/health" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    ThreadingHTTPServer(("127.0.0.1", port), Sink).serve_forever()
+
+
 def main(argv: list[str]) -> None:
     mode, *args = argv
     if mode == "echo":
@@ -145,8 +173,10 @@ def main(argv: list[str]) -> None:
         echo_crt(args[0], args[1], args[2], Path(args[3]))
     elif mode == "plain-http":
         plain_http(Path(args[0]), int(args[1]))
+    elif mode == "otlp-sink":
+        otlp_sink(int(args[0]))
     else:
-        raise SystemExit(f"unknown mode {mode!r}: echo, echo-crt or plain-http")
+        raise SystemExit(f"unknown mode {mode!r}: echo, echo-crt, plain-http or otlp-sink")
 
 
 if __name__ == "__main__":

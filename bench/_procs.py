@@ -3,7 +3,7 @@
 A Mosquitto on a free loopback port (``BrokerProcess``), the hub as users
 start it (``python -m cloud_hub``, ``HubProcess``) and the bench's own
 baselines (``python -m bench._baselines ...``: ``EchoProcess``,
-``PlainServerProcess``). Every
+``PlainServerProcess``, and ``OtlpSinkProcess``, where traced parts export spans). Every
 process logs to a file in the part's work directory, so a failure to start
 says why. ``write_model`` lays out a hub model repository entry; ``cpu_ns``,
 ``children``, ``pss_bytes`` and ``hub_metrics`` read a running process's CPU
@@ -33,6 +33,7 @@ __all__ = [
     "BrokerProcess",
     "EchoProcess",
     "HubProcess",
+    "OtlpSinkProcess",
     "PlainServerProcess",
     "children",
     "cpu_ns",
@@ -345,6 +346,22 @@ class EchoProcess(_Process):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the {self.mode} client did not subscribe within 30 s")
             time.sleep(0.02)
+
+
+class OtlpSinkProcess(_Process):
+    """``python -m bench._baselines otlp-sink PORT``: an OTLP/HTTP receiver that drops spans."""
+
+    log_name = "otlp-sink.log"
+
+    def command(self, port: int) -> list[str]:
+        return [sys.executable, "-m", "bench._baselines", "otlp-sink", str(port)]
+
+    def _ready(self) -> None:
+        wait_http_ok(self.port, "/health", 30.0, self)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
 
 class PlainServerProcess(_Process):

@@ -10,7 +10,11 @@
   ``run`` under ``session.run`` (``session._sess.run``), which is what the
   agent's ONNX runtime calls once ``validate`` has made the checks the
   Python ``session.run`` makes; the agent's own Python work is therefore
-  "agent added" minus "C++ run added" (the latter is negative).
+  "agent added" minus "C++ run added" (the latter is negative). The agent
+  measured runs with tracing off (``tracing=False``: the default when no
+  ``OTEL_*`` variable asks for it); one more interleaving times an agent
+  with tracing on, every call's spans exported over OTLP/HTTP to a loopback
+  receiver in another process (``bench._procs.OtlpSinkProcess``).
 * Import: fresh interpreters timing ``import onnxruntime`` and
   ``import onnxruntime, edge_agent``; the difference is the agent's own.
 * Memory: a fresh interpreter loads the agent with the model, runs 100
@@ -25,6 +29,7 @@ import pstats
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +44,7 @@ TARGET_IMPORT_S = 0.5
 _ROUNDS = 9
 _CALLS_PER_ROUND = 2000
 _IMPORT_REPEATS = 7
+_SAMPLE_RATIO = 0.01  # the sampled traced agent's share of recorded calls
 _REPO = Path(__file__).resolve().parent.parent
 
 
@@ -61,7 +67,9 @@ def run() -> dict[str, Any]:
     options.inter_op_num_threads = 1
     session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     feed = {session.get_inputs()[0].name: image}
-    agent = EdgeAgent(str(model), device_id="bench", policy=OffloadPolicy.always_local())
+    agent = EdgeAgent(
+        str(model), device_id="bench", policy=OffloadPolicy.always_local(), tracing=False
+    )
     runtime = agent.runtime
     assert runtime is not None
 
@@ -97,6 +105,9 @@ def run() -> dict[str, Any]:
     agent_us = [r["other_us"] for r in rounds["agent"]]
     added_us = statistics.median(added["agent"])
 
+    rounds |= _traced_rounds(model, image, raw)
+    added["traced"] = [r["added_us"] for r in rounds["traced"]]
+    added["sampled"] = [r["added_us"] for r in rounds["sampled"]]
     profile = _profile(agent_call)
     agent.close()
 
@@ -104,6 +115,37 @@ def run() -> dict[str, Any]:
     memory = _memory(model)
     tflite = _tflite(model)
     return _result(raw_us, agent_us, added, added_us, profile, imports, memory, tflite)
+
+
+def _traced_rounds(model: Path, image: np.ndarray, raw: Any) -> dict[str, list[dict[str, float]]]:
+    """Raw/agent interleavings with tracing on, every call recorded ("traced") and one in
+    a hundred ("sampled"): spans exported to a loopback receiver in another process."""
+    from bench._procs import OtlpSinkProcess
+    from edge_agent import EdgeAgent, OffloadPolicy
+    from shared import TracingSettings
+
+    out = {}
+    with tempfile.TemporaryDirectory() as work:
+        sink = OtlpSinkProcess(Path(work)).start()
+        try:
+            for name, ratio in (("traced", None), ("sampled", _SAMPLE_RATIO)):
+                traced = EdgeAgent(
+                    str(model),
+                    device_id=f"bench-{name}",
+                    policy=OffloadPolicy.always_local(),
+                    tracing=TracingSettings(endpoint=sink.url, sample_ratio=ratio),
+                )
+
+                def traced_call(agent: EdgeAgent = traced) -> None:
+                    agent.infer(image)
+
+                for _ in range(300):
+                    traced_call()
+                out[name] = _interleaved(raw, traced_call)
+                traced.close()
+        finally:
+            sink.stop()
+    return out
 
 
 def _interleaved(base: Any, other: Any) -> list[dict[str, float]]:
@@ -279,6 +321,48 @@ def _fixes(profile: list[dict[str, Any]], met: bool) -> list[str]:
     return fixes
 
 
+def _rounds_table(
+    raw_us: list[float], agent_us: list[float], added: dict[str, list[float]]
+) -> list[list[Any]]:
+    columns = zip(
+        raw_us,
+        agent_us,
+        added["agent"],
+        added["runtime"],
+        added["cxx_run"],
+        added["traced"],
+        strict=True,
+    )
+    return [[i + 1, *(f"{v:.1f}" for v in values)] for i, values in enumerate(columns)]
+
+
+def _tracing_table(added: dict[str, list[float]], iqr: Any) -> dict[str, Any]:
+    """The agent's added time with tracing off (the targets' agent) and on."""
+    return {
+        "title": "Tracing off and on (agent added per local call, median over rounds, µs)",
+        "columns": ["agent", "added µs", "IQR"],
+        "rows": [
+            [
+                "tracing off (`tracing=False`, as with no `OTEL_*` variable set)",
+                f"{statistics.median(added['agent']):.1f}",
+                iqr(added["agent"]),
+            ],
+            [
+                "tracing on: spans `tandem.infer`, `tandem.decision`, `tandem.local_run` per "
+                "call, BatchSpanProcessor, OTLP/HTTP to a loopback receiver",
+                f"{statistics.median(added['traced']):.1f}",
+                iqr(added["traced"]),
+            ],
+            [
+                f"tracing on, `sample_ratio={_SAMPLE_RATIO}`: the calls left out build their "
+                "root span only",
+                f"{statistics.median(added['sampled']):.1f}",
+                iqr(added["sampled"]),
+            ],
+        ],
+    }
+
+
 def _result(
     raw_us: list[float],
     agent_us: list[float],
@@ -336,12 +420,8 @@ def _result(
             "limited_by": None,
         },
     ]
-    rounds_table = [
-        [i + 1, f"{r:.1f}", f"{a:.1f}", f"{d:.1f}", f"{w:.1f}", f"{c:.1f}"]
-        for i, (r, a, d, w, c) in enumerate(
-            zip(raw_us, agent_us, added["agent"], added["runtime"], added["cxx_run"], strict=True)
-        )
-    ]
+    rounds_table = _rounds_table(raw_us, agent_us, added)
+    traced_us = statistics.median(added["traced"])
     return {
         "title": "(d) Edge overhead",
         "summary": (
@@ -352,7 +432,11 @@ def _result(
             "`validate` has already made, which alone is "
             f"{-cxx_us:.1f} µs faster than `session.run`. Measured from that C++ call "
             "(a difference of two interleavings' medians, so rougher), the agent's own work "
-            f"(validation, routing, result, telemetry) is about {added_us - cxx_us:.0f} µs."
+            f"(validation, routing, result, telemetry) is about {added_us - cxx_us:.0f} µs. "
+            f"With tracing on (every call's three spans exported over OTLP/HTTP to a loopback "
+            f"receiver) the agent adds {traced_us:.1f} µs (IQR {iqr(added['traced'])}); "
+            f"recording one call in {1 / _SAMPLE_RATIO:.0f}, "
+            f"{statistics.median(added['sampled']):.1f} µs."
         ),
         "targets": targets,
         "tables": [
@@ -365,9 +449,11 @@ def _result(
                     "agent added",
                     "runtime wrapper added",
                     "C++ run added",
+                    "agent traced added",
                 ],
                 "rows": rounds_table,
             },
+            _tracing_table(added, iqr),
             {
                 "title": "Where an agent call spends its time (cProfile, own time per infer; "
                 "the profiler inflates absolute figures, read them as shares)",
@@ -408,6 +494,12 @@ def _result(
             f"`import edge_agent` alone (it does not import onnxruntime until a model loads) "
             f"takes {imports['edge_agent_alone_s']:.3f} s.",
             f"TFLite: skipped — {tflite['skipped']}.",
+            "Tracing: the agent measured for the targets runs with tracing off, the default "
+            "when no `OTEL_*` variable asks for it; its only tracing work per call is one "
+            "`is None` check (docs/tracing.md). The traced agent is the SDK's cost: three "
+            "spans built per call and the BatchSpanProcessor's thread encoding and posting "
+            "them (it shares the GIL with the calls); a sampler "
+            "(`OTEL_TRACES_SAMPLER=parentbased_traceidratio`) makes unsampled calls cheap.",
         ],
         "data": {
             "raw_us": raw_us,

@@ -24,7 +24,10 @@ offloaded requests its devices got wrong as training examples.
 ``cloud_hub.http`` serves the same hub over HTTP (the Open Inference
 Protocol v2, and ``/metrics``); it is imported on first use, since it pulls
 in FastAPI and uvicorn. Errors derive from ``HubError``; each carries the
-wire ``ErrorCode`` a device receives.
+wire ``ErrorCode`` a device receives. ``Hub(tracing=shared.TracingSettings(...))``
+(or the standard ``OTEL_*`` variables, or ``tandem hub --otlp-endpoint``) exports
+OpenTelemetry spans of every answered request, continuing the device's trace
+(docs/tracing.md; needs ``tandem[otel]``).
 """
 
 import importlib as _importlib

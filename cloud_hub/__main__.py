@@ -86,6 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--cdn-token", default=os.environ.get("TANDEM_CDN_READ_TOKEN"), help="CDN read token")
     add("--cdn-ca", type=Path, help="PEM CA of an https:// CDN")
     add("--cdn-poll-s", type=float, default=30.0, help="ask the CDN for new versions this often")
+    add("--otlp-endpoint", help="OTLP/HTTP receiver for spans (default: the OTEL_* environment)")
     return parser
 
 
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         cdn=a.cdn,
         models=tuple(a.model),
         trusted_keys=tuple(a.trusted_key),
+        otlp_endpoint=a.otlp_endpoint,
     )
     if problem is not None:
         parser.error(f"argument {problem[0]}: {problem[1]}")
@@ -151,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
             cdn_token=a.cdn_token,
             cdn_ca=a.cdn_ca,
             cdn_poll_s=max(1.0, a.cdn_poll_s),
+            otlp_endpoint=a.otlp_endpoint,
         )
     except (ValueError, TandemError) as e:  # ConfigError is a ValueError
         parser.error(str(e))

@@ -40,11 +40,19 @@ from typing import Any, Literal
 
 import numpy as np
 
-from shared import Limits, MqttSettings, Topics, mqtt_max_packet_bytes, validate_name
+from shared import (
+    Limits,
+    MqttSettings,
+    Topics,
+    TracingSettings,
+    mqtt_max_packet_bytes,
+    validate_name,
+)
 
 from ._dispatch import Done, future_outcome
 from ._errors import HubStoppingError, ModelNotFoundError
 from ._model_info import ModelInfo
+from ._tracing import HubTracer, open_hub_tracer
 from .batching._batcher import DynamicBatcher, ResultFuture
 from .batching._stats import BatcherStats
 from .collect._collector import ExampleCollector
@@ -80,6 +88,10 @@ class Hub:
     chunks coalesced per ``coalescing``): ``None`` turns it on when the repository
     holds a language model at ``start``. ``hub_id`` names this replica to devices (its
     chunks and finals carry it; a conversation's next turn is sent to it; default: random).
+    ``tracing``: spans of every answered
+    request over MQTT and HTTP (``cloud_hub._tracing``, docs/tracing.md): a
+    ``TracingSettings``, ``True``, ``False`` (off), or ``None``: the standard
+    ``OTEL_*`` environment variables decide.
     """
 
     def __init__(
@@ -98,6 +110,7 @@ class Hub:
         text_over_mqtt: bool | None = None,
         coalescing: Coalescing | None = None,
         hub_id: str | None = None,
+        tracing: TracingSettings | bool | None = None,
     ) -> None:
         if isinstance(repository, ModelRepository):
             self.repository, self._path, self._owns_repository = repository, None, False
@@ -119,6 +132,8 @@ class Hub:
         self.coalescing = coalescing
         self.hub_id = validate_name(hub_id or uuid.uuid4().hex[:8], "hub id")
         self.text_front: TextFront | None = None
+        self.tracing = tracing
+        self.tracer: HubTracer | None = None  # opened by start when tracing is on, shut by stop
         self.collector: ExampleCollector | None = None  # set by start when a model collects
         self._batchers: dict[str, DynamicBatcher] = {}
         self._lock = threading.Lock()
@@ -211,6 +226,8 @@ class Hub:
                 self.repository.load_directory(self._path, torch_device=self.torch_device)
                 self.language.load_directory(self._path)
             self._running = True
+            if self.tracer is None:
+                self.tracer = open_hub_tracer(self.tracing)
             for served in self.repository:
                 self._serve(served)
             if self.mqtt is not None:
@@ -236,6 +253,7 @@ class Hub:
                     on_reply=functools.partial(self.prometheus.record, "mqtt"),
                     legacy_topics=self.legacy_topics,
                     collector=self.collector,
+                    tracer=self.tracer,
                 )
                 text = self.text_over_mqtt
                 if text or (text is None and len(self.language)):
@@ -281,6 +299,9 @@ class Hub:
         if self._owns_repository:
             self.repository.close()
         self.language.close()
+        tracer, self.tracer = self.tracer, None
+        if tracer is not None:
+            tracer.shutdown()  # the spans of the last replies go out now
 
     def run_forever(self) -> None:
         """Start, serve until SIGINT or SIGTERM (or ``request_stop``), then stop."""

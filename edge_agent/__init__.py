@@ -25,6 +25,11 @@ keeps a dialogue's KV cache (``edge_agent.language``). With ``broker=`` and
 ``prefer_edge`` turn stream the hub's text over MQTT, and the device finishes a turn
 whose hub fails mid-stream (``CloudTextSettings``).
 
+``tracing=shared.TracingSettings(endpoint=...)`` (or the standard ``OTEL_*``
+variables) exports OpenTelemetry spans of every call over OTLP/HTTP, and an
+offloaded request's trace continues through the hub (docs/tracing.md; needs
+``tandem[otel]``; without it, or off, nothing of OpenTelemetry is imported).
+
 Never imports torch, fastapi or the hub/CDN packages: a device installs ``tandem[edge]``.
 """
 

@@ -22,6 +22,8 @@ from ._errors import UplinkError
 from ._outcome import CloudAnswer, CloudOutcome, Fallback
 from ._policy import Decision, Route
 from ._result import InferenceResult
+from ._telemetry import ServingStats
+from ._tracing import CallTrace, step_of
 from .language import AsyncTextStream, Conversation, Sampling, TextStream
 from .language._turn import start_chat, start_generate
 
@@ -55,6 +57,7 @@ class EdgeAgent(BaseAgent):
             self.runtime.close()
         if self.language is not None:
             self.language.close()
+        _close_tracer(self)
 
     def __enter__(self) -> EdgeAgent:
         return self.start()
@@ -66,6 +69,8 @@ class EdgeAgent(BaseAgent):
         self, inputs: Mapping[str, np.ndarray] | np.ndarray, *, deadline_ms: float | None = None
     ) -> InferenceResult:
         """Answer one request within ``deadline_ms`` (default ``default_deadline_ms``)."""
+        if self._tracer is not None:
+            return self._traced_infer(inputs, deadline_ms)
         serving = self._serving
         try:
             call = self._begin(serving, inputs, deadline_ms)
@@ -127,6 +132,33 @@ class EdgeAgent(BaseAgent):
             deadline_ms=deadline_ms, preset=preset, cloud=self._cloud_text,
         )  # fmt: skip
 
+    def _traced_infer(
+        self, inputs: Mapping[str, np.ndarray] | np.ndarray, deadline_ms: float | None
+    ) -> InferenceResult:
+        """``infer`` with its spans (``_tracing``): the same steps, each in a span."""
+        trace, serving, call = _traced_begin(self, inputs, deadline_ms)
+        try:
+            with trace.step("tandem.decision") as step:
+                decision = self._route_before(call)
+                step.decided(decision)
+            if decision.route is _LOCAL:
+                with trace.step("tandem.local_run"):
+                    self._run_local(call)
+                if self.policy.always is None:
+                    with trace.step("tandem.decision") as step:
+                        decision = self._route_after(call)
+                        step.decided(decision)
+            if decision.route is _LOCAL:
+                result = self._edge_result(call, decision.reason)
+            else:
+                result = self._offload(call, decision)
+        except Exception as e:
+            trace.failed(e)
+            self._failed(serving)
+            raise
+        trace.finish(result, route=decision.route, decision=decision.reason)
+        return result
+
     def _offload(self, call: Call, decision: Decision) -> InferenceResult:
         outcome = self._try_cloud(call, decision)
         if isinstance(outcome, CloudAnswer):
@@ -134,7 +166,8 @@ class EdgeAgent(BaseAgent):
         if call.local_outputs is None:
             if call.runtime is None:
                 raise self._no_answer(outcome)
-            self._run_local(call)
+            with step_of(call.trace, "tandem.local_run"):
+                self._run_local(call)
         return self._fallback_result(call, outcome.reason)
 
     def _try_cloud(self, call: Call, decision: Decision) -> CloudOutcome:
@@ -143,7 +176,8 @@ class EdgeAgent(BaseAgent):
             return wait_ms
         try:
             future = self._send(call, wait_ms)
-            reply = future.result(timeout=self._wait_left_s(call))
+            with step_of(call.trace, "tandem.wait"):
+                reply = future.result(timeout=self._wait_left_s(call))
         except (TimeoutError, UplinkError) as e:
             return self._cloud_failed(call, e)
         return self._cloud_answered(call, reply, decision.reason)
@@ -182,6 +216,7 @@ class AsyncEdgeAgent(BaseAgent):
             self.runtime.close()
         if self.language is not None:
             self.language.close()
+        await asyncio.to_thread(_close_tracer, self)
 
     async def __aenter__(self) -> AsyncEdgeAgent:
         return await self.start()
@@ -192,6 +227,8 @@ class AsyncEdgeAgent(BaseAgent):
     async def infer(
         self, inputs: Mapping[str, np.ndarray] | np.ndarray, *, deadline_ms: float | None = None
     ) -> InferenceResult:
+        if self._tracer is not None:
+            return await self._traced_infer(inputs, deadline_ms)
         serving = self._serving
         try:
             call = self._begin(serving, inputs, deadline_ms)
@@ -242,6 +279,34 @@ class AsyncEdgeAgent(BaseAgent):
             )
         )  # fmt: skip
 
+    async def _traced_infer(
+        self, inputs: Mapping[str, np.ndarray] | np.ndarray, deadline_ms: float | None
+    ) -> InferenceResult:
+        """``infer`` with its spans, as ``EdgeAgent._traced_infer``."""
+        trace, serving, call = _traced_begin(self, inputs, deadline_ms)
+        try:
+            with trace.step("tandem.decision") as step:
+                decision = self._route_before(call)
+                step.decided(decision)
+            if decision.route is _LOCAL:
+                with trace.step("tandem.local_run"):
+                    await self._run_local(call)
+                if self.policy.always is None:
+                    with trace.step("tandem.decision") as step:
+                        decision = self._route_after(call)
+                        step.decided(decision)
+            if decision.route is _LOCAL:
+                result = self._edge_result(call, decision.reason)
+            else:
+                result = await self._offload(call, decision)
+        except BaseException as e:  # a cancelled call's span ends too
+            trace.failed(e)
+            if isinstance(e, Exception):  # not CancelledError: see ``infer``
+                self._failed(serving)
+            raise
+        trace.finish(result, route=decision.route, decision=decision.reason)
+        return result
+
     async def _offload(self, call: Call, decision: Decision) -> InferenceResult:
         outcome = await self._try_cloud(call, decision)
         if isinstance(outcome, CloudAnswer):
@@ -249,7 +314,8 @@ class AsyncEdgeAgent(BaseAgent):
         if call.local_outputs is None:
             if call.runtime is None:
                 raise self._no_answer(outcome)
-            await self._run_local(call)
+            with step_of(call.trace, "tandem.local_run"):
+                await self._run_local(call)
         return self._fallback_result(call, outcome.reason)
 
     async def _try_cloud(self, call: Call, decision: Decision) -> CloudOutcome:
@@ -258,7 +324,8 @@ class AsyncEdgeAgent(BaseAgent):
             return wait_ms
         try:
             future = self._send(call, wait_ms)
-            reply = await asyncio.wait_for(asyncio.wrap_future(future), self._wait_left_s(call))
+            with step_of(call.trace, "tandem.wait"):
+                reply = await asyncio.wait_for(asyncio.wrap_future(future), self._wait_left_s(call))
         except (TimeoutError, UplinkError) as e:
             return self._cloud_failed(call, e)
         return self._cloud_answered(call, reply, decision.reason)
@@ -274,3 +341,28 @@ class AsyncEdgeAgent(BaseAgent):
         finally:
             inflight.leave()
         self._local_done(call, outputs, (_now() - t0) * 1000.0)
+
+
+def _traced_begin(
+    agent: BaseAgent, inputs: Mapping[str, np.ndarray] | np.ndarray, deadline_ms: float | None
+) -> tuple[CallTrace, ServingStats, Call]:
+    """``_begin`` of a traced call: the root span opened first, so it covers the checks."""
+    assert agent._tracer is not None
+    trace = agent._tracer.begin()
+    serving = agent._serving
+    try:
+        call = agent._begin(serving, inputs, deadline_ms)
+    except Exception as e:
+        trace.failed(e)
+        agent._failed(serving)
+        raise
+    call.trace = trace
+    trace.named(call.request_id)
+    return trace, serving, call
+
+
+def _close_tracer(agent: BaseAgent) -> None:
+    """Flush the spans not exported yet (``close``); later calls are not traced."""
+    tracer, agent._tracer = agent._tracer, None
+    if tracer is not None:
+        tracer.shutdown()

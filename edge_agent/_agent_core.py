@@ -38,6 +38,7 @@ decisions, takes one lock, and leaves sums and percentiles to the readers.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import secrets
@@ -50,7 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared import Limits, Message, MqttSettings, Topics, TransferOptions
+from shared import Limits, Message, MqttSettings, Topics, TracingSettings, TransferOptions
 
 from ._breaker import CircuitBreaker
 from ._call import Call
@@ -73,6 +74,7 @@ from ._report import AgentMetrics
 from ._result import InferenceResult, LatencyBreakdown, Source
 from ._sharing import ExampleSharing
 from ._telemetry import AgentSnapshot, AgentStats, ServingStats, TelemetryRecorder, check_labels
+from ._tracing import EdgeTracer, open_tracer, traced_send
 from ._uplink import MqttUplink
 from .language import LanguageRuntime, load_language_runtime
 from .language._cloud import CloudTextSettings, TextLink
@@ -117,6 +119,7 @@ class BaseAgent:
         language_model: LanguageRuntime | str | Path | None = None,
         cloud_language_model: str | None = None,
         cloud_text: CloudTextSettings | None = None,
+        tracing: TracingSettings | bool | None = None,
     ) -> None:
         self.labels = check_labels(labels)  # reported in telemetry, e.g. {"site": "factory-a"}
         self.share_answers = share_answers  # may be set or cleared while the agent runs
@@ -167,6 +170,8 @@ class BaseAgent:
         self._id_prefix = secrets.token_hex(6)
         self._ids = itertools.count(1)
         self.telemetry = TelemetryRecorder(window=latency_window)
+        # Spans of every call (``_tracing``); None: tracing off, and calls skip it entirely.
+        self._tracer: EdgeTracer | None = open_tracer(tracing, device_id, self.cloud_model)
         self._local_inflight = InflightCounter()
         self.uplink: MqttUplink | None = None
         self.cloud_probe: CloudProbe | None = None
@@ -367,7 +372,8 @@ class BaseAgent:
             self._offload_attempts += 1
             call.serving.offloads += 1
         sharing = self.share_answers
-        future, _ = self.uplink.send(
+        send = functools.partial(
+            self.uplink.send,
             model=self.cloud_model,
             tensors=call.inputs,
             timeout_ms=wait_ms,
@@ -377,7 +383,7 @@ class BaseAgent:
             if sharing is None
             else sharing.header(call.serving.versions, call.local_outputs, call.score),
         )
-        return future
+        return send()[0] if call.trace is None else traced_send(call.trace, send)
 
     def _cloud_failed(self, call: Call, error: BaseException) -> Fallback:
         if isinstance(error, TimeoutError):

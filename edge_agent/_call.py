@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._telemetry import ServingStats
+from ._tracing import CallTrace
 from .runtimes import ModelRuntime
 
 __all__ = ["Call"]
@@ -29,6 +30,7 @@ class Call:
     local_ms: float = 0.0
     score: float | None = None
     wake_at: float = 0.0  # perf_counter time at which the wait for the cloud must end
+    trace: CallTrace | None = None  # its spans, when the agent traces
 
     def elapsed_ms(self) -> float:
         return (_now() - self.started) * 1000.0

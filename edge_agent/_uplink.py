@@ -162,10 +162,13 @@ class MqttUplink:
         request_id: str,
         model_version: str | None = None,
         extra: Mapping[str, Any] | None = None,
+        traceparent: str | None = None,
+        tracestate: str | None = None,
     ) -> tuple[Future[Message], int]:
         """Publish one request; returns its reply future and the bytes sent.
 
-        ``extra``: more header fields (the device's answer, ``shared.EdgeAnswer``).
+        ``extra``: more header fields (the device's answer, ``shared.EdgeAnswer``);
+        ``traceparent``/``tracestate``: the W3C trace context of the sending span.
         """
         if not self.connected:
             raise UplinkError("not connected to the broker", ErrorCode.INTERNAL)
@@ -179,6 +182,8 @@ class MqttUplink:
             device_id=self.device_id,
             sent_at_ms=time.time() * 1000.0,
             extra=dict(extra) if extra else {},
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
         message.tensors = tensors
         payload = encode_message(message, self.transfer)

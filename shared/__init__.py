@@ -130,6 +130,13 @@ from ._text_wire import (
     encode_text_message,
 )
 from ._topics import NAME_PATTERN, RequestTopic, Topics, validate_name
+from ._trace_context import (
+    TRACEPARENT_HEADER,
+    TRACESTATE_HEADER,
+    TracingSettings,
+    parse_traceparent,
+    parse_tracestate,
+)
 
 __all__ = [
     "ATOMIC_TEMP_PREFIX",
@@ -151,6 +158,8 @@ __all__ = [
     "REASONS",
     "ROLES",
     "SPEC_VERSION",
+    "TRACEPARENT_HEADER",
+    "TRACESTATE_HEADER",
     "ApiKeyError",
     "Assignment",
     "BlobNotFoundError",
@@ -211,6 +220,7 @@ __all__ = [
     "TextSampling",
     "TlsSettings",
     "Topics",
+    "TracingSettings",
     "TransferOptions",
     "TrustedRoot",
     "UnsupportedMediaTypeError",
@@ -251,6 +261,8 @@ __all__ = [
     "numpy_dtype",
     "pack_files",
     "parse_time",
+    "parse_traceparent",
+    "parse_tracestate",
     "publish_properties",
     "quiet_loggers",
     "read_directory",

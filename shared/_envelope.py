@@ -15,8 +15,14 @@ Header fields: ``kind`` ("request" | "reply"), ``id`` (correlation id),
 ``model``, ``version``, ``reply_to``, ``timeout_ms`` (the budget left when the
 message was sent: a relative figure, so clocks need not agree), ``device``,
 ``sent_at_ms``, ``error`` ({"code", "message"}), ``timing`` (hub-side
-milliseconds), ``tensors`` (descriptors, see ``_tensors``). Fields this build
-does not know are kept in ``Message.extra`` and written back unchanged.
+milliseconds), ``tensors`` (descriptors, see ``_tensors``), ``traceparent`` and
+``tracestate`` (W3C trace context, written only when the sender traces the
+request: ``_trace_context``). Fields this build does not know are kept in
+``Message.extra`` and written back unchanged.
+
+A ``traceparent`` or ``tracestate`` that is not valid W3C trace context is
+dropped on decode (the request is still read and answered, without trace
+context); the constructor refuses one, so this build never writes a bad one.
 
 The header must be strict UTF-8 JSON: an object, nested at most
 ``_MAX_HEADER_DEPTH`` deep, without NaN/Infinity or numbers that overflow a
@@ -41,6 +47,7 @@ import numpy as np
 from ._errors import ErrorCode, FrameError, LimitExceededError, UnsupportedVersionError
 from ._limits import Limits
 from ._tensors import TransferOptions, decode_tensors, encode_tensors
+from ._trace_context import parse_traceparent, parse_tracestate
 
 __all__ = [
     "FORMAT_MAJOR",
@@ -71,6 +78,8 @@ _KNOWN = frozenset(
         "error",
         "timing",
         "tensors",
+        "traceparent",
+        "tracestate",
     }
 )
 _MAX_ID = 128
@@ -140,6 +149,8 @@ class Message:
     timing: dict[str, float] = field(default_factory=dict)
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    traceparent: str | None = None  # W3C trace context of the sender's span, if it traces
+    tracestate: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("request", "reply"):
@@ -167,6 +178,10 @@ class Message:
             raise FrameError("timing must be an object of finite numbers")
         if not isinstance(self.extra, dict) or not all(isinstance(k, str) for k in self.extra):
             raise FrameError("extra must be a dict with string keys")
+        if self.traceparent is not None and parse_traceparent(self.traceparent) is None:
+            raise FrameError(f"traceparent is not W3C trace context: {self.traceparent!r:.80}")
+        if self.tracestate is not None and parse_tracestate(self.tracestate) is None:
+            raise FrameError(f"tracestate is not a W3C tracestate: {self.tracestate!r:.80}")
 
     @property
     def ok(self) -> bool:
@@ -217,6 +232,8 @@ def encode_message(message: Message, options: TransferOptions | None = None) -> 
         "device": message.device_id,
         "sent_at_ms": message.sent_at_ms,
         "timing": message.timing or None,
+        "traceparent": message.traceparent,
+        "tracestate": message.tracestate,
     }
     header.update({k: v for k, v in optional.items() if v is not None})
     if not message.ok:
@@ -277,6 +294,10 @@ def decode_message(data: bytes | bytearray | memoryview, limits: Limits | None =
         timing=header.get("timing") or {},
         extra={k: v for k, v in header.items() if k not in _KNOWN},
     )
+    if "traceparent" in header:  # set after the constructor: a bad value is dropped, not raised
+        message.traceparent = parse_traceparent(header["traceparent"])
+        if message.traceparent is not None:
+            message.tracestate = parse_tracestate(header.get("tracestate"))
     message.tensors = decode_tensors(header.get("tensors", []), payload, limits)
     return message
 

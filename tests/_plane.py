@@ -45,6 +45,7 @@ def running_hub(
     http_port: int = 0,
     http: int = 1,
     grpc_port: int = 0,
+    otlp_endpoint: str | None = None,
 ) -> Iterator[HubSupervisor]:
     hub_id = uuid.uuid4().hex[:8]
     spec = PlaneSpec(
@@ -58,6 +59,7 @@ def running_hub(
         grpc_port=grpc_port,
         log_level="warning",
         ring_bytes=16 * 1024 * 1024,
+        otlp_endpoint=otlp_endpoint,
     )
     supervisor = HubSupervisor(spec, mqtt_workers=mqtt, http_workers=http).start()
     try:

@@ -72,7 +72,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from shared import Limits, TensorError, UnsupportedMediaTypeError
+from shared import ErrorCode, Limits, TensorError, UnsupportedMediaTypeError
 from shared.server import BINARY_MEDIA_TYPE, JSON_MEDIA_TYPE, ApiKeyGuard, body_media_type
 
 from .._dispatch import Dispatcher, answer_of
@@ -83,6 +83,7 @@ from .._errors import (
 )
 from .._hub import Hub
 from .._model_info import ModelInfo
+from .._tracing import HubTracer, RequestTimes, TracedRequest
 from ..language import LanguageModels
 from ..metrics import ModelCounts, RequestRecorder
 from ._auth import api_key_auth
@@ -158,6 +159,7 @@ class ServedHub:
     language: LanguageModels | None = None  # served by the OpenAI routes (/v1), if any
     statistics: Callable[[str, str], ModelCounts] | None = None  # counts of model@version
     control: ModelController | None = None  # repository load and unload (tandem hub)
+    tracer: HubTracer | None = None  # spans of each infer request (``cloud_hub._tracing``)
 
     @classmethod
     def of(cls, hub: Hub | ServedHub) -> ServedHub:
@@ -200,19 +202,17 @@ def create_app(
     An in-process ``Hub`` also gets the OpenAI-compatible ``/v1`` routes for its
     language models (``_openai``; ``token_budget`` limits each key's tokens), and
     so does a ``ServedHub`` with ``language`` (a process plane's ingress, whose
-    engines are its language executors' clients).
+    engines are its language executors' clients). Each infer request's spans go to
+    the hub's tracer when it has one (``Hub(tracing=...)``, ``ServedHub.tracer``).
     """
-    language = hub.language
+    language, given = hub.language, hub
     hub = ServedHub.of(hub)
-    if max_body_bytes <= 0 or max_json_bytes <= 0 or max_inflight_bytes < max_body_bytes:
-        raise ValueError(
-            "max_body_bytes and max_json_bytes must be positive, max_inflight_bytes at least "
-            "max_body_bytes"
-        )
+    _check_sizes(max_body_bytes, max_json_bytes, max_inflight_bytes)
     if api_keys is not None:
         dependencies = [api_key_auth(api_keys), *dependencies]
     api = _InferenceApi(
         hub,
+        tracer=_tracer_of(given),
         max_body_bytes=max_body_bytes,
         max_json_bytes=max_json_bytes,
         max_inflight_bytes=max_inflight_bytes,
@@ -294,6 +294,19 @@ _HeaderLength = Annotated[
 _Handlers = tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]
 
 
+def _check_sizes(max_body_bytes: int, max_json_bytes: int, max_inflight_bytes: int) -> None:
+    if max_body_bytes <= 0 or max_json_bytes <= 0 or max_inflight_bytes < max_body_bytes:
+        raise ValueError(
+            "max_body_bytes and max_json_bytes must be positive, max_inflight_bytes at least "
+            "max_body_bytes"
+        )
+
+
+def _tracer_of(hub: Hub | ServedHub) -> Callable[[], HubTracer | None]:
+    """Its tracer, read at each request: an in-process ``Hub`` opens one at ``start``."""
+    return lambda: hub.tracer
+
+
 def _unversioned(api: _InferenceApi) -> _Handlers:
     """Handlers of /v2/models/{model_name}/...: the served version answers."""
 
@@ -330,9 +343,16 @@ class _InferenceApi:
     """The route handlers, over one served hub."""
 
     def __init__(
-        self, hub: ServedHub, *, max_body_bytes: int, max_json_bytes: int, max_inflight_bytes: int
+        self,
+        hub: ServedHub,
+        *,
+        tracer: Callable[[], HubTracer | None],
+        max_body_bytes: int,
+        max_json_bytes: int,
+        max_inflight_bytes: int,
     ) -> None:
         self.hub = hub
+        self.tracer = tracer
         self.dispatcher = hub.dispatcher
         self.language = hub.language
         self.prometheus = hub.metrics
@@ -390,6 +410,9 @@ class _InferenceApi:
         inference_header_content_length: str | None,
     ) -> Response:
         received = time.monotonic()
+        tracer = self.tracer()
+        submitted: float | None = None
+        request_id: str | None = None
         lease = self.budget.lease()
         try:
             body_media_type(request.headers.get("content-type"), _INFER_MEDIA_TYPES)
@@ -408,9 +431,13 @@ class _InferenceApi:
             del body  # the tensors are decoded: the text can go
             _check_outputs(info, decoded)
             deadline = None if decoded.timeout_us is None else received + decoded.timeout_us / 1e6
+            request_id = decoded.id
+            if tracer is not None:
+                submitted = time.monotonic()
             result = await answer_of(
                 self.dispatcher, model_name, model_version, decoded.inputs, deadline, received
             )
+            answered = time.monotonic()
             try:
                 content, json_length = await maybe_offload(
                     sum(a.nbytes for a in result.outputs.values()),
@@ -430,10 +457,22 @@ class _InferenceApi:
             status, code, message = describe(e)
             drop_tracebacks(e)  # their frames hold the body: free it now, not at the next GC
             self.prometheus.record("http", model_name, model_version, received=received, error=code)
+            if tracer is not None:
+                now = time.monotonic()
+                traced = TracedRequest.http(request.headers, model_name, model_version, request_id)
+                times = RequestTimes(received=received, submitted=submitted, answered=now, sent=now)
+                tracer.record(traced, times, error=code, result=None)
             return error_response(status, message)
         finally:
             lease.release()  # answered, refused or cancelled: its bytes are free again
         self.prometheus.record("http", model_name, model_version, received=received, result=result)
+        if tracer is not None:
+            traced = TracedRequest.http(request.headers, model_name, model_version, request_id)
+            now = time.monotonic()
+            times = RequestTimes(
+                received=received, submitted=submitted, answered=answered, sent=now
+            )
+            tracer.record(traced, times, error=ErrorCode.OK, result=result)
         if json_length is None:
             return Response(content, media_type="application/json")
         return Response(

@@ -46,7 +46,11 @@ request's correlation data when it had some.
 ``on_reply`` (optional) hears of every reply just before it is published, on
 the thread that publishes it, so metrics count a request by what its device
 is told; an exception there is logged, never raised, and the reply still
-goes out. ``collector`` (optional, an ``ExampleCollector``) is shown each
+goes out. ``tracer`` (optional, a ``HubTracer``: ``cloud_hub._tracing``) is
+told of every answered request but probes, once its reply is out, with the
+frame's W3C trace context (a bad one was dropped on decode; a frame that does
+not decode has none), so its spans continue the device's trace.
+``collector`` (optional, an ``ExampleCollector``) is shown each
 request as it is decoded (``admit``) and, once its reply is sent, the
 cloud's answer (``answered``): it keeps hard examples without a second
 message and without I/O on the request's path.
@@ -83,6 +87,7 @@ from .._errors import (
     error_code,
 )
 from .._results import HubResult
+from .._tracing import HubTracer, RequestTimes, TracedRequest
 from ..collect._collector import ExampleCollector, Pending
 from ._admission import RecentRequests, TransitBaseline
 from ._log_limit import RateLimitedLog
@@ -127,8 +132,10 @@ class MqttFront:
         on_reply: ReplyObserver | None = None,
         legacy_topics: bool = False,
         collector: ExampleCollector | None = None,
+        tracer: HubTracer | None = None,
     ) -> None:
         self.dispatcher = dispatcher
+        self.tracer = tracer
         self.session = session
         self.topics = topics or Topics()
         self.limits = limits or Limits()
@@ -294,6 +301,7 @@ class MqttFront:
                 self._reject(target, late, topic)
                 return
         lesson = None if self._collector is None else self._collector.admit(request, tensors)
+        submitted = None if self.tracer is None else time.monotonic()
         try:
             self.dispatcher.submit(
                 request.model,
@@ -301,7 +309,7 @@ class MqttFront:
                 tensors,
                 deadline=target.deadline,
                 arrival=received,
-                done=lambda outcome: self._answer(target, outcome, lesson),
+                done=lambda outcome: self._answer(target, outcome, lesson, submitted),
             )
         except Exception as e:  # HubError: typed; anything else: INTERNAL, the hub goes on
             self._reject(target, e, topic)
@@ -339,12 +347,24 @@ class MqttFront:
 
     # -- replies --------------------------------------------------------------------------
 
-    def _answer(self, target: ReplyTarget, outcome: Outcome, lesson: Pending | None = None) -> None:
-        """Encode and publish the reply to one request; never raises (it runs in callbacks)."""
+    def _answer(
+        self,
+        target: ReplyTarget,
+        outcome: Outcome,
+        lesson: Pending | None = None,
+        submitted: float | None = None,
+    ) -> None:
+        """Encode and publish the reply to one request; never raises (it runs in callbacks).
+
+        ``submitted``: when it went to the dispatcher (monotonic), for its spans.
+        """
+        answered = time.monotonic() if self.tracer is not None else 0.0
         try:
             reply, frame = self._reply_for(target, outcome)
             self._observe(target, reply, outcome)
             self._publish(target, reply, frame)
+            if self.tracer is not None:
+                self._trace(target, reply, outcome, submitted, answered)
             if lesson is not None and reply.ok and isinstance(outcome, HubResult):
                 assert self._collector is not None
                 self._collector.answered(lesson, outcome)  # copies what it keeps: views die
@@ -396,6 +416,36 @@ class MqttFront:
             log.exception(
                 "on_reply failed for request %s", target.request_id, extra=_context(target)
             )
+
+    def _trace(
+        self,
+        target: ReplyTarget,
+        reply: Message,
+        outcome: Outcome,
+        submitted: float | None,
+        answered: float,
+    ) -> None:
+        assert self.tracer is not None
+        request = target.request
+        self.tracer.record(
+            TracedRequest(
+                transport="mqtt",
+                request_id=request.request_id,
+                model=request.model,
+                version=request.model_version,
+                device=request.device_id,
+                traceparent=request.traceparent,
+                tracestate=request.tracestate,
+            ),
+            RequestTimes(
+                received=target.received,
+                submitted=submitted,
+                answered=answered,
+                sent=time.monotonic(),
+            ),
+            error=reply.error,
+            result=outcome if reply.ok and isinstance(outcome, HubResult) else None,
+        )
 
     def _publish(self, target: ReplyTarget, reply: Message, frame: bytes) -> None:
         handle = self.session.publish(

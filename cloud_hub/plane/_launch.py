@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shared import TlsSettings
+from shared import TlsSettings, TracingSettings
 
 if TYPE_CHECKING:
     from ..repository._cdn_pull import ModelPuller
@@ -87,6 +87,7 @@ class HubServeSettings:
     log_level: str = "info"
     log_format: str = "text"
     restart_max_s: float = 30.0  # the longest wait before a crashed process is restarted
+    otlp_endpoint: str | None = None  # spans to this OTLP/HTTP receiver; None: OTEL_* env decide
 
     def problem(self) -> tuple[str, str] | None:
         """The first command-line mistake in these settings (``check_options``), or None."""
@@ -104,6 +105,7 @@ class HubServeSettings:
             cdn=self.cdn,
             models=self.models,
             trusted_keys=self.trusted_keys,
+            otlp_endpoint=self.otlp_endpoint,
         )
 
 
@@ -122,8 +124,14 @@ def check_options(
     cdn: str | None = None,
     models: tuple[str, ...] = (),
     trusted_keys: tuple[Path, ...] = (),
+    otlp_endpoint: str | None = None,
 ) -> tuple[str, str] | None:
     """The first command-line mistake as ``(option, what to do)``, or None."""
+    if otlp_endpoint is not None:
+        try:
+            TracingSettings(endpoint=otlp_endpoint)
+        except ValueError:
+            return "--otlp-endpoint", "use the receiver's http(s):// URL, e.g. http://otel:4318"
     problem = _check_cdn(cdn, models, trusted_keys)
     if problem is not None:
         return problem
@@ -305,4 +313,5 @@ def plan(s: HubServeSettings) -> PlaneSpec:
         log_level=s.log_level.lower(),
         log_format=s.log_format.lower(),
         restart_max_s=s.restart_max_s,
+        otlp_endpoint=s.otlp_endpoint,
     )

@@ -40,11 +40,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from shared import Limits, MqttSettings, TlsSettings, Topics, mqtt_max_packet_bytes
+from shared import (
+    Limits,
+    MqttSettings,
+    TlsSettings,
+    Topics,
+    TracingSettings,
+    mqtt_max_packet_bytes,
+)
 from shared.server import ApiKeyGuard, rate_limiter
 
 from .._dispatch import PoolDispatcher
 from .._errors import HubError
+from .._tracing import HubTracer, open_hub_tracer
 from ..collect._collector import ExampleCollector
 from ..language import LanguageModels
 from ..metrics._book import BookDumper, MetricsBook, read_books
@@ -174,6 +182,12 @@ def _mqtt_settings(spec: PlaneSpec) -> MqttSettings:
     return dataclasses.replace(settings, max_packet_bytes=mqtt_max_packet_bytes(Limits()))
 
 
+def _tracer(spec: PlaneSpec, ingress_id: str) -> HubTracer | None:
+    """This ingress process' tracer: ``--otlp-endpoint``, else the ``OTEL_*`` environment."""
+    settings = None if spec.otlp_endpoint is None else TracingSettings(endpoint=spec.otlp_endpoint)
+    return open_hub_tracer(settings, {"tandem.hub_id": spec.hub_id, "tandem.ingress": ingress_id})
+
+
 def run_mqtt_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> None:
     ingress_id = f"mqtt-{index}-{os.getpid()}"
     served = _ServedWatch(spec)
@@ -200,6 +214,7 @@ def run_mqtt_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
         on_reply=functools.partial(recorder.record, "mqtt"),
         legacy_topics=spec.legacy_topics,
         collector=collector,
+        tracer=_tracer(spec, ingress_id),
     )
     language = _language_models(spec, ingress_id)
     text_front = None
@@ -247,6 +262,8 @@ def run_mqtt_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
         language.close()
         if collector is not None:
             collector.close(timeout_s=DRAIN_S)
+        if front.tracer is not None:
+            front.tracer.shutdown()  # the last replies' spans
         pool.close()
         dumper.close()
 
@@ -290,6 +307,7 @@ def run_http_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
     guard = None
     if spec.api_keys is not None:  # with Redis, a key's rate holds across processes
         guard = ApiKeyGuard.from_file(spec.api_keys, limiter=rate_limiter(spec.redis_url))
+    tracer = _tracer(spec, ingress_id)
     served_hub = ServedHub(
         PoolDispatcher(pool),
         sink,
@@ -298,6 +316,7 @@ def run_http_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
         language if len(language) else None,
         metrics.model_counts,
         ControlClient(spec.control_dir) if spec.control_dir else None,
+        tracer,
     )
     app = create_app(
         served_hub,
@@ -329,6 +348,8 @@ def run_http_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
                                    language, grpc_server))  # fmt: skip
     finally:
         language.close()
+        if tracer is not None:
+            tracer.shutdown()
         pool.close()
         dumper.close()
 

@@ -98,6 +98,7 @@ class PlaneSpec:
     log_format: str = "text"
     restart_max_s: float = 30.0  # the longest wait before a crashed process is restarted
     parent_pid: int = 0
+    otlp_endpoint: str | None = None  # where ingress spans go (None: the OTEL_* environment)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def served_versions(self) -> dict[str, ServedVersion]:

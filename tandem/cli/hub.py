@@ -231,6 +231,17 @@ RestartMaxOption = Annotated[
     ),
 ]
 
+OtlpEndpointOption = Annotated[
+    str | None,
+    typer.Option(
+        "--otlp-endpoint",
+        help="Send OpenTelemetry spans of every answered request to this OTLP/HTTP receiver "
+        "(a Collector, Jaeger, Tempo: http://host:4318). Without it the standard "
+        "OTEL_EXPORTER_OTLP_ENDPOINT / OTEL_TRACES_EXPORTER variables decide (docs/tracing.md).",
+        show_default=False,
+    ),
+]
+
 
 def hub(
     repo: RepoOption,
@@ -265,6 +276,7 @@ def hub(
     cdn_ca: CdnCaOption = None,
     cdn_poll_s: CdnPollOption = 30.0,
     restart_max_s: RestartMaxOption = 30.0,
+    otlp_endpoint: OtlpEndpointOption = None,
 ) -> None:
     """Serve a model repository to edge devices over MQTT, batching on the GPU when present.
 
