@@ -150,6 +150,23 @@ def test_hubs_probe_the_hub_health_routes_and_outlast_its_drain(overlay: str) ->
     assert int(annotations["prometheus.io/port"]) in ports
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_hub_service_reaches_the_http_and_grpc_ports_the_hub_serves(overlay: str) -> None:
+    objects = render(DEPLOY / "k8s/overlays" / overlay)
+    [container] = by_name(objects, "Deployment", "tandem-hub")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    opened = {
+        arg.split("=", 1)[0]: int(arg.split("=", 1)[1])
+        for arg in container["args"]
+        if arg.startswith(("--http-port=", "--grpc-port="))
+    }
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    service = by_name(objects, "Service", "tandem-hub")
+    reached = {p["name"]: named[p["targetPort"]] for p in service["spec"]["ports"]}
+    assert reached == {"http": opened["--http-port"], "grpc": opened["--grpc-port"]}
+
+
 def test_prod_runs_hubs_on_gpus_scaled_on_queue_depth_and_cdns_on_postgres_and_s3() -> None:
     objects = render(DEPLOY / "k8s/overlays/prod")
     hub = by_name(objects, "Deployment", "tandem-hub")
