@@ -38,7 +38,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ from ._options import GenerationLimits, Sampling
 from ._turn import Sink, Turn, TurnUpdate
 from ._vllm_mapping import ConversationHistories, DeltaStream, sampling_kwargs
 
-__all__ = ["Checkpoint", "VllmEngine", "find_checkpoint"]
+__all__ = ["Checkpoint", "Runtime", "VllmEngine", "find_checkpoint", "vllm_runtime"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,41 @@ def find_checkpoint(directory: str | Path) -> Checkpoint:
         raise RepositoryError(f"{path}: cannot read the checkpoint's config: {e}") from e
 
 
+@dataclass(frozen=True)
+class Runtime:
+    """What ``VllmEngine`` takes from vLLM: its own (:func:`vllm_runtime`) on a CUDA hub; the
+    tests put a scripted engine of the same surface here, to run the loop without a GPU."""
+
+    build: Callable[[], Any]  # called on the loop: the AsyncLLMEngine (generate, abort)
+    sampling_params: Callable[..., Any]  # vllm.SamplingParams
+    tokens_prompt: Callable[..., Any]  # vllm.inputs.TokensPrompt
+    output_kind: Any  # RequestOutputKind.DELTA
+    tokenizer: Any  # .encode(text) -> ids (the checkpoint's Hugging Face tokenizer)
+
+
+def vllm_runtime(checkpoint: Checkpoint, *, dtype: str, slots: int) -> Runtime:
+    """vLLM's engine for ``checkpoint`` (FP16, prefix caching, ``slots`` sequences at most)."""
+    try:  # vLLM (and transformers, which it needs) only here: an optional extra
+        import vllm
+        from transformers import AutoTokenizer
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+    except ImportError as e:
+        raise RepositoryError(f"engine 'vllm' needs the vllm package: {e}") from e
+    path = str(checkpoint.path)
+    args = vllm.AsyncEngineArgs(
+        model=path, dtype=dtype, enable_prefix_caching=True, max_num_seqs=slots,
+        max_model_len=checkpoint.context,
+    )  # fmt: skip
+    return Runtime(
+        build=lambda: vllm.AsyncLLMEngine.from_engine_args(args),
+        sampling_params=vllm.SamplingParams,
+        tokens_prompt=TokensPrompt,
+        output_kind=RequestOutputKind.DELTA,
+        tokenizer=AutoTokenizer.from_pretrained(path),
+    )
+
+
 @dataclass(eq=False)
 class _Running:
     """A turn's state on the loop (``Turn.request``)."""
@@ -115,7 +150,9 @@ class VllmEngine:
         *,
         limits: GenerationLimits | None = None,
         dtype: str = "float16",
+        runtime: Runtime | None = None,
     ) -> None:
+        """``runtime``: what is taken from vLLM (default :func:`vllm_runtime`, vLLM's own)."""
         self.directory = Path(directory)
         self.limits = limits or GenerationLimits()
         self.checkpoint = find_checkpoint(self.directory)
@@ -133,34 +170,24 @@ class VllmEngine:
         self._histories = ConversationHistories(
             self.limits.conversations, context=self.context, eos=self.checkpoint.eos
         )
-        try:  # vLLM (and transformers, which it needs) only here: an optional extra
-            import vllm
-            from transformers import AutoTokenizer
-            from vllm.inputs import TokensPrompt
-            from vllm.sampling_params import RequestOutputKind
-        except ImportError as e:
-            raise RepositoryError(f"engine 'vllm' needs the vllm package: {e}") from e
-        self._params, self._prompt = vllm.SamplingParams, TokensPrompt
-        self._delta = RequestOutputKind.DELTA
+        runtime = runtime or vllm_runtime(self.checkpoint, dtype=dtype, slots=self.slots)
+        self._params, self._prompt = runtime.sampling_params, runtime.tokens_prompt
+        self._delta = runtime.output_kind
         self._tokenizer_lock = threading.Lock()
-        self._tokenizer = AutoTokenizer.from_pretrained(str(self.checkpoint.path))
-        args = vllm.AsyncEngineArgs(
-            model=str(self.checkpoint.path), dtype=dtype, enable_prefix_caching=True,
-            max_num_seqs=self.slots, max_model_len=self.context,
-        )  # fmt: skip
+        self._tokenizer = runtime.tokenizer
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine",
                                         daemon=True)  # fmt: skip
         self._thread.start()
         try:
-            self._engine = self._call(self._build(vllm.AsyncLLMEngine, args), None)
+            self._engine = self._call(self._build(runtime), None)
         except Exception as e:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10.0)
             raise RepositoryError(f"{self.directory}: cannot start vLLM: {e}") from e
 
-    async def _build(self, engine_class: Any, args: Any) -> Any:
-        return engine_class.from_engine_args(args)  # on the loop: its tasks belong to it
+    async def _build(self, runtime: Runtime) -> Any:
+        return runtime.build()  # on the loop: the engine's tasks belong to it
 
     def _call(self, coroutine: Any, timeout_s: float | None) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)

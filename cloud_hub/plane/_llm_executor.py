@@ -3,11 +3,11 @@
 ``run_language_executor`` loads the model's engine (``config.json``'s
 ``engine``: ONNX Runtime GenAI's, ``LanguageEngine``, or vLLM's,
 ``VllmEngine``; one that cannot run here fails the process with one line,
-and the supervisor serves the other models) and listens on its Unix socket (``_llm_wire``). Every ingress
-process connects to it, so all the turns this hub takes for the model reach
-this one engine: continuous batching across ingress processes, and a
-conversation's kept KV cache found whichever ingress its next turn came
-through.
+and the supervisor serves the other models) and listens on its Unix socket
+(``_llm_wire``). Every ingress process connects to it, so all the turns
+this hub takes for the model reach this one engine: continuous batching
+across ingress processes, and a conversation's kept KV cache found
+whichever ingress its next turn came through.
 
 Each connection has a reader thread (submits, cancels, encodes: handled at
 once, so a cancel frees its slot before the next engine step) and a writer
