@@ -184,6 +184,7 @@ class VllmEngine:
         except Exception as e:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10.0)
+            self._loop.close()
             raise RepositoryError(f"{self.directory}: cannot start vLLM: {e}") from e
 
     async def _build(self, runtime: Runtime) -> Any:
@@ -271,6 +272,8 @@ class VllmEngine:
             log.exception("the vLLM engine did not shut down cleanly")
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     def _cancel(self, turn: Turn) -> None:
         with self._lock:
