@@ -105,7 +105,7 @@ def test_a_conversation_is_kept_without_its_end_of_sequence_and_continued() -> N
     kept = books.begin("c", prompt, Sampling(), 4)
     assert kept.history == [] and books.store.counters["misses"] == 1
     books.end(kept, prompt, [20, 21, EOS])
-    assert len(books) == 1
+    assert len(books) == 1 and kept.history == [*range(10, 16), 20, 21]  # no EOS kept
     follow = np.asarray([*range(10, 16), 20, 21, 30, 31], dtype=np.int32)
     again = books.begin("c", follow, Sampling(), 4)
     assert again.history == [*range(10, 16), 20, 21] and books.store.counters["hits"] == 1
