@@ -3,7 +3,9 @@
 ``LanguageEngine`` hosts one model folder on one scheduling thread (continuous
 batching, limits per turn, a bounded queue, cancellation that frees the slot
 at once; a conversation's next turn continues its kept KV cache);
-``LanguageModels`` loads the repository's directories whose
+``VllmEngine`` serves the same contract from vLLM on a CUDA machine
+(``"engine": "vllm"``; written against vLLM's documented API, not yet run
+here); ``LanguageModels`` loads the repository's directories whose
 ``config.json`` says ``"platform": "onnxruntime_genai"``. ``cloud_hub.Hub``
 serves them (``hub.language``), ``cloud_hub.plane`` in a language executor
 process per model (``TurnEngine``: what both offer the fronts), and
@@ -21,10 +23,12 @@ from ._models import (
     ServedLanguageModel,
     engine_missing,
     is_language_model_dir,
+    open_engine,
     read_language_config,
 )
 from ._options import GenerationLimits, Sampling
 from ._turn import Sink, Turn, TurnEngine, TurnUpdate
+from ._vllm import VllmEngine
 
 __all__ = [
     "ENGINES",
@@ -40,8 +44,10 @@ __all__ = [
     "Turn",
     "TurnEngine",
     "TurnUpdate",
+    "VllmEngine",
     "check_turn",
     "engine_missing",
     "is_language_model_dir",
+    "open_engine",
     "read_language_config",
 ]

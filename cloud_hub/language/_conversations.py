@@ -132,6 +132,13 @@ class ConversationStore:
             self._release(evicted.state)
             self.counters["evictions"] += 1
 
+    def drop(self, key: str) -> bool:
+        """Release ``key``'s kept state now (neither a hit nor a miss); whether one was kept."""
+        kept = self._kept.pop(key, None)
+        if kept is not None:
+            self._release(kept.state)
+        return kept is not None
+
     def expire(self) -> int:
         """Release the states unused for ``idle_ttl_s``; how many."""
         horizon = self._clock() - self.limits.idle_ttl_s

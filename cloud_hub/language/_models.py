@@ -20,9 +20,11 @@ The tensor repository (``ModelRepository``) skips such directories
 and the process plane runs one language executor process per model
 (``cloud_hub.plane``), whose ingress processes reach it over IPC.
 
-``engine`` picks what serves the model: ``"onnxruntime-genai"`` (the default:
-ONNX Runtime GenAI's ``Engine``, on CPU) or ``"vllm"`` (CUDA machines with the
-``vllm`` extra). Where what an engine needs is missing (:func:`engine_missing`),
+``engine`` picks what serves the model (:func:`open_engine`):
+``"onnxruntime-genai"`` (the default: ONNX Runtime GenAI's ``Engine``, on CPU)
+or ``"vllm"`` (``VllmEngine``: CUDA machines with the ``vllm`` extra; it loads
+the version folder's Hugging Face checkpoint, ``1/hf/`` beside the ONNX files,
+else ``1/`` itself). Where what an engine needs is missing (:func:`engine_missing`),
 that model is not served, with one line saying why, and the others are.
 """
 
@@ -44,6 +46,7 @@ from .._errors import ModelConfigError, ModelNotFoundError, RepositoryError
 from ._engine import LanguageEngine
 from ._options import GenerationLimits
 from ._turn import TurnEngine
+from ._vllm import VllmEngine
 
 __all__ = [
     "ENGINES",
@@ -53,6 +56,7 @@ __all__ = [
     "ServedLanguageModel",
     "engine_missing",
     "is_language_model_dir",
+    "open_engine",
     "read_language_config",
 ]
 
@@ -107,13 +111,14 @@ class LanguageModels:
         *,
         version: str | int = 1,
         limits: GenerationLimits | None = None,
+        engine: str = ENGINES[0],
     ) -> ServedLanguageModel:
-        """Serve the ONNX Runtime GenAI model folder ``directory`` as ``name``."""
+        """Serve the model version folder ``directory`` as ``name`` on ``engine``."""
         try:
             validate_name(name, "model name")
         except ConfigError as e:
             raise ModelConfigError(str(e)) from e
-        return self.add_engine(name, LanguageEngine(directory, limits=limits), version=version)
+        return self.add_engine(name, open_engine(engine, directory, limits), version=version)
 
     def add_engine(
         self, name: str, engine: TurnEngine, *, version: str | int = 1
@@ -144,7 +149,7 @@ class LanguageModels:
                 log.error("language model %s is not served: %s", model_dir.name, missing)
                 continue
             loaded.append(self.add(model_dir.name, config.directory, version=config.version,
-                                   limits=config.limits))  # fmt: skip
+                                   limits=config.limits, engine=config.engine))  # fmt: skip
         return loaded
 
     def close(self) -> None:
@@ -166,12 +171,29 @@ class LanguageConfig:
     engine: str  # one of ENGINES
 
 
+def open_engine(
+    engine: str, directory: str | Path, limits: GenerationLimits | None = None
+) -> LanguageEngine | VllmEngine:
+    """The engine ``config.json``'s ``engine`` names, serving the version folder ``directory``.
+
+    ``"onnxruntime-genai"``: :class:`LanguageEngine` on its ONNX Runtime GenAI
+    folder; ``"vllm"``: :class:`~cloud_hub.language.VllmEngine` on its Hugging
+    Face checkpoint (``directory/hf``, else ``directory``). Check
+    :func:`engine_missing` first: this raises where the engine cannot run.
+    """
+    if engine == "vllm":
+        return VllmEngine(directory, limits=limits)
+    if engine != "onnxruntime-genai":
+        raise ModelConfigError(f"engine must be one of {list(ENGINES)}, got {engine!r}")
+    return LanguageEngine(directory, limits=limits)
+
+
 def engine_missing(engine: str) -> str | None:
     """Why ``engine`` cannot serve on this machine (one line), or None when it can.
 
-    vLLM needs its package and a CUDA GPU; this release refuses it even then
-    (no vLLM engine is built behind the turn contract yet), so a config that
-    asks for it fails clearly rather than falling back to another engine.
+    vLLM needs its package and a CUDA GPU (``nvidia-smi`` on the PATH); a
+    config that asks for it where either is missing fails clearly rather than
+    falling back to another engine.
     """
     if engine == "onnxruntime-genai":
         return None
@@ -182,7 +204,7 @@ def engine_missing(engine: str) -> str | None:
         missing.append("a CUDA GPU (no nvidia-smi)")
     if missing:
         return f"engine 'vllm' needs {' and '.join(missing)}"
-    return "engine 'vllm' is not supported by this release yet; use 'onnxruntime-genai'"
+    return None
 
 
 def read_language_config(model_dir: Path) -> LanguageConfig:

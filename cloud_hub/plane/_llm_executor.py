@@ -1,13 +1,13 @@
 """A language executor process: one language model's engine, served to every ingress.
 
 ``run_language_executor`` loads the model's engine (``config.json``'s
-``engine``: ONNX Runtime GenAI's, ``LanguageEngine``; one that cannot run
-here fails the process with one line, and the supervisor serves the other
-models) and listens on its Unix socket (``_llm_wire``). Every ingress
-process connects to it, so all the turns this hub takes for the model reach
-this one engine: continuous batching across ingress processes, and a
-conversation's kept KV cache found whichever ingress its next turn came
-through.
+``engine``: ONNX Runtime GenAI's, ``LanguageEngine``, or vLLM's,
+``VllmEngine``; one that cannot run here fails the process with one line,
+and the supervisor serves the other models) and listens on its Unix socket
+(``_llm_wire``). Every ingress process connects to it, so all the turns
+this hub takes for the model reach this one engine: continuous batching
+across ingress processes, and a conversation's kept KV cache found
+whichever ingress its next turn came through.
 
 Each connection has a reader thread (submits, cancels, encodes: handled at
 once, so a cancel frees its slot before the next engine step) and a writer
@@ -37,7 +37,9 @@ from ..language import (
     LanguageEngine,
     Turn,
     TurnUpdate,
+    VllmEngine,
     engine_missing,
+    open_engine,
     read_language_config,
 )
 from ..language._metrics import llm_samples
@@ -58,7 +60,7 @@ def run_language_executor(spec: PlaneSpec, index: int, ready: Callable[[], None]
     missing = engine_missing(config.engine)
     if missing is not None:
         raise ModelConfigError(f"language model {target.model}: {missing}")
-    engine = LanguageEngine(config.directory, limits=config.limits)
+    engine = open_engine(config.engine, config.directory, config.limits)
     book = MetricsBook(f"executor-llm-{target.model}-{target.instance}")
     dumper = BookDumper(book, Path(spec.metrics_dir))
     hello = {
@@ -93,7 +95,7 @@ def run_language_executor(spec: PlaneSpec, index: int, ready: Callable[[], None]
 def _record_stats(
     book: MetricsBook,
     model: str,
-    engine: LanguageEngine,
+    engine: LanguageEngine | VllmEngine,
     totals: dict[tuple[str, tuple[str, ...]], float],
 ) -> None:
     """The engine's counters as increments of the book's (which only adds), gauges as set."""
@@ -109,7 +111,7 @@ def _record_stats(
 
 def _accept(
     listener: socket.socket,
-    engine: LanguageEngine,
+    engine: LanguageEngine | VllmEngine,
     hello: dict[str, Any],
     stopping: threading.Event,
 ) -> None:
@@ -125,7 +127,7 @@ def _accept(
 class _Peer:
     """One ingress process's connection: its turns by its own numbers."""
 
-    def __init__(self, sock: socket.socket, engine: LanguageEngine) -> None:
+    def __init__(self, sock: socket.socket, engine: LanguageEngine | VllmEngine) -> None:
         self.sock = sock
         self.engine = engine
         self.ingress = "?"
