@@ -109,6 +109,7 @@ class Conversation:
             )
         reusable = (
             self._generator is not None
+            and runtime.resumable  # LiteRT-LM's sessions cannot rewind: prefill again
             and self._runtime is runtime
             and self._search == search
             and not self._generator.is_done()
