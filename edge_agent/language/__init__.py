@@ -16,8 +16,9 @@ when it loads), anything else on ONNX Runtime GenAI.
 from ._chat import Conversation, render_turn
 from ._cloud import CloudTextSettings
 from ._litert_runtime import LiteRTLanguageRuntime
+from ._loader import load_language_runtime
 from ._presets import DeviceRates, Preset, TextRoute, is_heavy, predicted_ms, route_text
-from ._runtime import LanguageRuntime, load_language_runtime
+from ._runtime import LanguageRuntime
 from ._stream import (
     AsyncTextStream,
     FinishReason,

@@ -16,12 +16,15 @@ What LiteRT-LM's Python API does differently, and how this module bridges it:
 * A session takes text and streams text, not token ids. ``append_tokens``
   detokenizes the ids and prefills that text (the ids the agent encoded with
   this runtime's own tokenizer come back the same); each streamed piece is
-  re-tokenized into the ids the turn counts. The engine's own decode count
+  re-tokenized into the ids the turn counts. Byte-level tokens that form no
+  character arrive as U+FFFD and re-tokenize as its bytes: only there do the
+  ids differ from the model's (the text is what the ids decode to). The engine's own decode count
   (its benchmark figures) decides whether the turn stopped at a stop token,
   which is then reported as the model's end-of-sequence id, as ONNX Runtime
   GenAI reports it.
-* A session cannot rewind (``resumable = False``): a kept conversation
-  prefills its whole history again each turn (``Conversation.reprefills``).
+* A session cannot rewind (``resumable = False``): a conversation frees its
+  generator when a turn ends and prefills its whole history again the next
+  turn (``Conversation.reprefills``).
 * Decoding runs ahead on LiteRT-LM's own thread up to the generator's
   ``max_length``; ``release`` cancels and closes the session.
 """

@@ -29,7 +29,7 @@ from .._errors import InferenceError, ModelLoadError, RuntimeUnavailableError
 from .._estimator import Ewma
 from ._presets import DeviceRates
 
-__all__ = ["LanguageRuntime", "load_language_runtime"]
+__all__ = ["LanguageRuntime"]
 
 
 class LanguageRuntime:
@@ -37,7 +37,7 @@ class LanguageRuntime:
 
     kind = "onnxruntime-genai"
     # A generator takes more tokens after it decoded (``rewind_to`` and ``append_tokens``),
-    # so a kept conversation reuses its KV cache (``Conversation``).
+    # so a conversation keeps it between turns and reuses its KV cache (``Conversation``).
     resumable = True
 
     def __init__(self, directory: str | os.PathLike[str], *, name: str | None = None,
@@ -141,16 +141,3 @@ class LanguageRuntime:
 
     def __repr__(self) -> str:
         return f"<LanguageRuntime {self.name}@{self.version} on {self.accelerator}>"
-
-
-def load_language_runtime(
-    directory: str | os.PathLike[str], *, name: str | None = None, version: str = "0"
-) -> LanguageRuntime:
-    """Load a language model folder with the runtime its contents name: a ``.litertlm``
-    file loads on LiteRT-LM (``LiteRTLanguageRuntime``, ``pip install 'tandem[litert-lm]'``),
-    anything else is an ONNX Runtime GenAI folder (``genai_config.json`` and its files)."""
-    if any(Path(directory).glob("*.litertlm")):
-        from ._litert_runtime import LiteRTLanguageRuntime  # imports litert_lm when it loads
-
-        return LiteRTLanguageRuntime(directory, name=name, version=version)
-    return LanguageRuntime(directory, name=name, version=version)
