@@ -149,6 +149,9 @@ def test_closing_a_stream_cancels_the_session_and_a_seed_repeats_a_sample(
     first, second = (litert.generate(PROMPTS[1], max_tokens=24, sampling=sampling).final()
                      for _ in "ab")  # fmt: skip
     assert first.output_ids == second.output_ids
+    reseeded = dataclasses.replace(sampling, seed=8)
+    other = litert.generate(PROMPTS[1], max_tokens=24, sampling=reseeded).final()
+    assert other.output_ids != first.output_ids  # the seed reaches the session's sampler
     greedy = litert.generate(PROMPTS[1], max_tokens=24).final()
     assert greedy.output_ids != first.output_ids  # the sampler reaches the session
 
