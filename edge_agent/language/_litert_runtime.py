@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import collections
 import os
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,13 @@ class LiteRTLanguageRuntime(LanguageRuntime):
         return [int(t) for t in self.engine.tokenize(text)] if text else []
 
     def decode(self, ids: list[int] | tuple[int, ...]) -> str:
-        return str(self.engine.detokenize([int(t) for t in ids])) if len(ids) else ""
+        """The ids' text; bytes that form no character read U+FFFD (litert_lm's own
+        ``detokenize`` raises on them)."""
+        ids = [int(t) for t in ids]
+        try:
+            return str(self.engine.detokenize(ids)) if ids else ""
+        except UnicodeDecodeError:
+            return "".join(_whole_pieces(self.engine.detokenize, ids))
 
     def token_stream(self) -> TextPieces:
         """An incremental detokenizer: whole characters only, in order."""
@@ -128,6 +134,24 @@ class TextPieces:
             return ""
         self._held = []
         return text
+
+
+def _whole_pieces(detokenize: Callable[[list[int]], str], ids: list[int]) -> Iterator[str]:
+    """Byte-level ids as text piece by piece: the fewest ids (up to 4, a character's most
+    bytes) that decode; an id that starts no character reads as U+FFFD."""
+    i = 0
+    while i < len(ids):
+        for n in range(1, 5):
+            try:
+                text = str(detokenize(ids[i : i + n]))
+            except UnicodeDecodeError:
+                continue
+            yield text
+            i += n
+            break
+        else:
+            yield "\ufffd"
+            i += 1
 
 
 def sampler_config(litert_lm: Any, search: dict[str, Any]) -> Any:
