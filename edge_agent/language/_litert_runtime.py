@@ -3,25 +3,28 @@
 ``LiteRTLanguageRuntime`` loads the one ``.litertlm`` file of a model folder
 (the TFLite prefill/decode model, its tokenizer and its metadata, as
 ``litert-torch``'s exporter packs them) with ``litert_lm.Engine`` on the CPU
-backend. ``litert_lm`` (``pip install 'tandem[litert-lm]'``, the
-``litert-lm-api`` wheel: no Python dependencies) is imported when such a model
-loads, so ``import edge_agent`` stays light. It is a ``LanguageRuntime``: the
-agent's turns, streams, presets and rates use it as they use ONNX Runtime
-GenAI's, through the generator surface that ``TextStream`` drives
-(``append_tokens``, ``generate_next_token``, ``get_next_tokens``,
-``is_done``, ``token_count``).
+backend, and the ``tokenizer.json`` beside it with ``tokenizers`` (the
+engine's own tokenize/detokenize corrupt the heap when called while a session
+decodes on LiteRT-LM's thread, as the agent's stream would: seen as
+``malloc(): unaligned fastbin chunk detected`` with litert-lm-api 0.18.1).
+``litert_lm`` and ``tokenizers`` (``pip install 'tandem[litert-lm]'``) are
+imported when such a model loads, so ``import edge_agent`` stays light.
+It is a ``LanguageRuntime``: the agent's turns, streams, presets and rates
+use it as they use ONNX Runtime GenAI's, through the generator surface that
+``TextStream`` drives (``append_tokens``, ``generate_next_token``,
+``get_next_tokens``, ``is_done``, ``token_count``).
 
 What LiteRT-LM's Python API does differently, and how this module bridges it:
 
 * A session takes text and streams text, not token ids. ``append_tokens``
   detokenizes the ids and prefills that text (the ids the agent encoded with
-  this runtime's own tokenizer come back the same); each streamed piece is
+  the model's tokenizer come back the same); each streamed piece is
   re-tokenized into the ids the turn counts. Byte-level tokens that form no
   character arrive as U+FFFD and re-tokenize as its bytes: only there do the
-  ids differ from the model's (the text is what the ids decode to). The engine's own decode count
-  (its benchmark figures) decides whether the turn stopped at a stop token,
-  which is then reported as the model's end-of-sequence id, as ONNX Runtime
-  GenAI reports it.
+  ids differ from the model's (the text is what the ids decode to). The
+  engine's own decode count (its benchmark figures) decides whether the turn
+  stopped at a stop token, which is then reported as the model's
+  end-of-sequence id, as ONNX Runtime GenAI reports it.
 * A session cannot rewind (``resumable = False``): a conversation frees its
   generator when a turn ends and prefills its whole history again the next
   turn (``Conversation.reprefills``).
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import collections
 import os
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +65,19 @@ class LiteRTLanguageRuntime(LanguageRuntime):
             )
         try:
             import litert_lm
+            from tokenizers import Tokenizer
         except ImportError as e:
             raise RuntimeUnavailableError(
-                "litert-lm-api is not installed: pip install 'tandem[litert-lm]'"
+                f"{e.name} is not installed: pip install 'tandem[litert-lm]'"
+            ) from e
+        try:
+            # The agent's own copy of the tokenizer: litert_lm's Engine.tokenize/detokenize
+            # corrupt the heap when called while a session decodes on its own thread.
+            self.tokenizer = Tokenizer.from_file(str(self.directory / "tokenizer.json"))
+        except Exception as e:  # tokenizers raises its own Exception subclass
+            raise ModelLoadError(
+                f"cannot load language model {self.directory}: no readable tokenizer.json "
+                f"beside the .litertlm ({e})"
             ) from e
         self._lt = litert_lm
         litert_lm.set_min_log_severity(litert_lm.LogSeverity.ERROR)  # its INFO is per load
@@ -88,16 +101,11 @@ class LiteRTLanguageRuntime(LanguageRuntime):
     # -- tokens ----------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        return [int(t) for t in self.engine.tokenize(text)] if text else []
+        return [int(t) for t in self.tokenizer.encode(text).ids] if text else []
 
     def decode(self, ids: list[int] | tuple[int, ...]) -> str:
-        """The ids' text; bytes that form no character read U+FFFD (litert_lm's own
-        ``detokenize`` raises on them)."""
-        ids = [int(t) for t in ids]
-        try:
-            return str(self.engine.detokenize(ids)) if ids else ""
-        except UnicodeDecodeError:
-            return "".join(_whole_pieces(self.engine.detokenize, ids))
+        """The ids' text; bytes that form no character read U+FFFD."""
+        return str(self.tokenizer.decode([int(t) for t in ids])) if len(ids) else ""
 
     def token_stream(self) -> TextPieces:
         """An incremental detokenizer: whole characters only, in order."""
@@ -134,24 +142,6 @@ class TextPieces:
             return ""
         self._held = []
         return text
-
-
-def _whole_pieces(detokenize: Callable[[list[int]], str], ids: list[int]) -> Iterator[str]:
-    """Byte-level ids as text piece by piece: the fewest ids (up to 4, a character's most
-    bytes) that decode; an id that starts no character reads as U+FFFD."""
-    i = 0
-    while i < len(ids):
-        for n in range(1, 5):
-            try:
-                text = str(detokenize(ids[i : i + n]))
-            except UnicodeDecodeError:
-                continue
-            yield text
-            i += n
-            break
-        else:
-            yield "\ufffd"
-            i += 1
 
 
 def sampler_config(litert_lm: Any, search: dict[str, Any]) -> Any:

@@ -5,7 +5,9 @@ litert_torch.generative.export_hf --model=DIR --output_dir=OUT``) traces the
 model with its KV cache into a TFLite prefill/decode model, quantizes it
 (``quantization``: one of ``ai_edge_quantizer``'s recipes, e.g.
 ``dynamic_wi8_afp32``, its default; ``"none"`` keeps FP32 weights) and packs
-it with the tokenizer into ``model.litertlm``. It runs in a child interpreter
+it with the tokenizer into ``model.litertlm``; the checkpoint's
+``tokenizer.json`` and ``tokenizer_config.json`` are copied beside it (the
+agent's runtime tokenizes with them). It runs in a child interpreter
 (the same Python: ``pip install 'tandem[litert-lm-build]'``) with
 ``HF_HUB_OFFLINE=1``, so it reads the local directory only and its imports
 (torch, jax, the converter) stay out of this process.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,6 +39,7 @@ from ._errors import LanguageBuildError
 __all__ = ["LITERT_FILE", "build_litert_device_model", "export_litert_lm", "litert_build_available"]
 
 LITERT_FILE = "model.litertlm"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 _SCHEMA_SHIM = "from ai_edge_litert.schema_py_generated import *  # noqa: F403\n"
 
 
@@ -92,6 +96,8 @@ def export_litert_lm(
             )
         final = out_dir / LITERT_FILE
         os.replace(produced, final)
+    for name in _TOKENIZER_FILES:  # the agent tokenizes with these (see _litert_runtime)
+        shutil.copyfile(hf_dir / name, out_dir / name)
     return final
 
 
@@ -101,17 +107,21 @@ def build_litert_device_model(
     """The device checkpoint of the pair cached at ``entry`` as a LiteRT-LM model folder,
     converted once into ``entry/litert-<quantization>/`` (``load_language_runtime`` loads it)."""
     final = entry / f"litert-{quantization}"
-    if not (final / LITERT_FILE).exists():
+    if not _complete(final):
         build_into_cache(
             final,
             f"litert-{quantization}",
             lambda tmp: _convert_into(tmp, device_hf, quantization, context),
-            lambda folder: (folder / LITERT_FILE).exists(),
+            _complete,
             rebuild=False,
             error=LanguageBuildError,
             stale=".tmp-litert-*",
         )
     return final
+
+
+def _complete(folder: Path) -> bool:
+    return all((folder / f).exists() for f in (LITERT_FILE, *_TOKENIZER_FILES))
 
 
 def _convert_into(tmp: Path, device_hf: Path, quantization: str, context: int) -> None:
