@@ -159,6 +159,17 @@ def test_closing_a_stream_cancels_the_session_and_a_seed_repeats_a_sample(
     assert greedy.output_ids != first.output_ids  # the sampler reaches the session
 
 
+@needs_litert
+def test_turns_back_to_back_give_the_same_greedy_text(agents: tuple[EdgeAgent, EdgeAgent]) -> None:
+    """Tokenizing with litert_lm's Engine while its session decoded aborted the process
+    within 60 such turns (heap corruption): the runtime tokenizes with tokenizers."""
+    litert, _ = agents
+    records = [litert.generate(PROMPTS[i % 2], max_tokens=96).final() for i in range(60)]
+    assert {r.text for r in records[0::2]} == {records[0].text}
+    assert {r.text for r in records[1::2]} == {records[1].text}
+    assert all(len(r.output_ids) == 96 for r in records)
+
+
 def test_a_litertlm_folder_loads_on_litert_lm_or_says_why_not(tmp_path: Path) -> None:
     """The folder's contents choose the runtime: a ``.litertlm`` never goes to ORT GenAI."""
     (tmp_path / "model.litertlm").write_bytes(b"not a model")
