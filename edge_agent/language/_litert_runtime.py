@@ -28,6 +28,9 @@ What LiteRT-LM's Python API does differently, and how this module bridges it:
 * A session cannot rewind (``resumable = False``): a conversation frees its
   generator when a turn ends and prefills its whole history again the next
   turn (``Conversation.reprefills``).
+* The engine still tokenizes a prompt inside its prefill: two turns at once
+  on one runtime (one prefilling while another decodes) may meet the heap
+  fault above; not guarded, so run one turn at a time per model.
 * Decoding runs ahead on LiteRT-LM's own thread up to the generator's
   ``max_length``; ``release`` cancels and closes the session.
 """
