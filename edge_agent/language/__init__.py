@@ -1,4 +1,4 @@
-"""Text generation on the device: an ONNX Runtime GenAI runtime, streams, conversations.
+"""Text generation on the device: ONNX Runtime GenAI or LiteRT-LM, streams, conversations.
 
 ``EdgeAgent.generate`` / ``chat`` (and their ``AsyncEdgeAgent`` twins) are
 built from this package: ``LanguageRuntime`` (the model), ``TextStream``
@@ -7,13 +7,18 @@ dialogue that keeps its KV cache), ``Sampling``, and the presets with the
 heavy rule (``_presets``, pure); the hub's side of a turn over MQTT
 (``_cloud``: ``TextLink``, ``CloudLeg``, ``CloudTextSettings``) with its
 reorder buffer (``_reorder``, pure). Importing it does not import
-``onnxruntime_genai``; loading a model does.
+``onnxruntime_genai``; loading a model does. ``load_language_runtime`` picks
+the runtime by the folder's contents: a ``.litertlm`` file runs on LiteRT-LM
+(``LiteRTLanguageRuntime``, ``_litert_runtime``, which imports ``litert_lm``
+when it loads), anything else on ONNX Runtime GenAI.
 """
 
 from ._chat import Conversation, render_turn
 from ._cloud import CloudTextSettings
+from ._litert_runtime import LiteRTLanguageRuntime
+from ._loader import load_language_runtime
 from ._presets import DeviceRates, Preset, TextRoute, is_heavy, predicted_ms, route_text
-from ._runtime import LanguageRuntime, load_language_runtime
+from ._runtime import LanguageRuntime
 from ._stream import (
     AsyncTextStream,
     FinishReason,
@@ -31,6 +36,7 @@ __all__ = [
     "FinishReason",
     "GenerationRecord",
     "LanguageRuntime",
+    "LiteRTLanguageRuntime",
     "Preset",
     "Sampling",
     "TextChunk",

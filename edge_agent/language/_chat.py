@@ -137,6 +137,8 @@ class Conversation:
         """The turn ran (to its end or cancelled): its prompt and reply join the history."""
         self.history.extend(new_prompt)
         self.history.extend(output)
+        if self._runtime is not None and not self._runtime.resumable:
+            self._free()  # LiteRT-LM: its session cannot rewind, and would decode on
         self.messages.append({"role": "assistant", "content": text})
         self.turns += 1
         self._opened = 0

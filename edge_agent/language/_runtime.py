@@ -29,13 +29,16 @@ from .._errors import InferenceError, ModelLoadError, RuntimeUnavailableError
 from .._estimator import Ewma
 from ._presets import DeviceRates
 
-__all__ = ["LanguageRuntime", "load_language_runtime"]
+__all__ = ["LanguageRuntime"]
 
 
 class LanguageRuntime:
     """An ONNX Runtime GenAI model and its tokenizer, loaded from a model folder."""
 
     kind = "onnxruntime-genai"
+    # A generator takes more tokens after it decoded (``rewind_to`` and ``append_tokens``),
+    # so a conversation keeps it between turns and reuses its KV cache (``Conversation``).
+    resumable = True
 
     def __init__(self, directory: str | os.PathLike[str], *, name: str | None = None,
                  version: str = "0") -> None:  # fmt: skip
@@ -66,6 +69,10 @@ class LanguageRuntime:
         eos = model_config.get("eos_token_id", [])
         self.eos_token_ids = frozenset(eos if isinstance(eos, list) else [eos])
         self.accelerator = genai_execution_provider(config)
+        self._init_counters()
+
+    def _init_counters(self) -> None:
+        """The generator count and the rate estimates, shared with the other runtimes."""
         self._lock = threading.Lock()
         self._live = 0
         self._prefill_rate = Ewma(alpha=0.3)
@@ -95,15 +102,17 @@ class LanguageRuntime:
             generator = self._og.Generator(self.model, params)
         except Exception as e:
             raise InferenceError(f"{self.kind} could not start a generator: {e}") from e
-        with self._lock:
-            self._live += 1
+        self._count(1)
         return generator
+
+    def _count(self, delta: int) -> None:
+        with self._lock:
+            self._live += delta
 
     def release(self, generator: Any) -> None:
         """Forget a generator from ``new_generator``; the caller drops its last reference."""
         del generator
-        with self._lock:
-            self._live -= 1
+        self._count(-1)
 
     @property
     def live_generators(self) -> int:
@@ -132,10 +141,3 @@ class LanguageRuntime:
 
     def __repr__(self) -> str:
         return f"<LanguageRuntime {self.name}@{self.version} on {self.accelerator}>"
-
-
-def load_language_runtime(
-    directory: str | os.PathLike[str], *, name: str | None = None, version: str = "0"
-) -> LanguageRuntime:
-    """Load an ONNX Runtime GenAI model folder (``genai_config.json`` and its files)."""
-    return LanguageRuntime(directory, name=name, version=version)

@@ -34,6 +34,8 @@ half-written entry. Layout::
     hub/      the same for the hub model
     hf/device, hf/hub   the trained checkpoints as Hugging Face directories
     report.json         recipe, sizes, timings, held-out figures, versions
+    litert-<quant>/     model.litertlm: the device checkpoint for LiteRT-LM, once
+                        :func:`build_litert_model` converted it (litert-torch)
 """
 
 from __future__ import annotations
@@ -63,6 +65,12 @@ from ._demo_stats import (
 )
 from ._errors import LanguageBuildError, LanguageDemoError
 from ._export import export_genai
+from ._export_litert import (
+    LITERT_FILE,
+    build_litert_device_model,
+    export_litert_lm,
+    litert_build_available,
+)
 from ._recipe import (
     DEFAULT_DEVICE_SHAPE,
     DEFAULT_HUB_SHAPE,
@@ -77,6 +85,7 @@ __all__ = [
     "DEFAULT_DEVICE_SHAPE",
     "DEFAULT_HUB_SHAPE",
     "HUB_MODEL",
+    "LITERT_FILE",
     "MIN_PROMPT_TOKENS",
     "PRESETS",
     "RECIPE_VERSION",
@@ -95,10 +104,13 @@ __all__ = [
     "TextSplits",
     "TurnFacts",
     "build_language_models",
+    "build_litert_model",
     "export_genai",
+    "export_litert_lm",
     "greedy_generate",
     "heldout_figures",
     "heldout_prompts",
+    "litert_build_available",
     "load_model",
     "percentile",
     "plot_presets",
@@ -177,6 +189,17 @@ def build_language_models(
         stale=".tmp-lm-*",
     )
     return _load_or_fail(final, key)
+
+
+def build_litert_model(models: LanguageModels, *, quantization: str = "dynamic_wi8_afp32") -> Path:
+    """The pair's device checkpoint as a LiteRT-LM model folder (one ``model.litertlm``),
+    converted once by litert-torch into ``<entry>/litert-<quantization>/`` with the
+    recipe's context as its KV cache; ``quantization="none"`` keeps FP32 weights.
+    Needs ``pip install 'tandem[litert-lm-build]'`` (:func:`litert_build_available`)."""
+    context = int(models.report["recipe"]["context"])
+    return build_litert_device_model(
+        models.directory, models.device_hf, context=context, quantization=quantization
+    )
 
 
 # --------------------------------------------------------------------------- cache
