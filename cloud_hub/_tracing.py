@@ -43,6 +43,7 @@ from shared import (
     TRACESTATE_HEADER,
     ErrorCode,
     TracingSettings,
+    open_tracer_provider,
     parse_traceparent,
     parse_tracestate,
 )
@@ -66,39 +67,11 @@ def open_hub_tracer(
     environment's endpoint and service name (or their defaults). ``resource``:
     more attributes of the process (a plane's ingress names itself).
     """
-    if tracing is False:
-        return None
-    settings = (
-        TracingSettings.from_env()
-        if tracing is None
-        else TracingSettings()
-        if tracing is True
-        else tracing
+    provider = open_tracer_provider(
+        tracing, dict(resource or {}), "the hub", default_service=_DEFAULT_SERVICE
     )
-    if settings is None:
+    if provider is None:
         return None
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    except ImportError as e:
-        log.warning(
-            "tracing asked for but OpenTelemetry is not installed (pip install "
-            "'tandem[otel]'): %s; the hub serves without it",
-            e,
-        )
-        return None
-    attributes = {"service.name": settings.service(_DEFAULT_SERVICE), **(resource or {})}
-    sampler = None
-    if settings.sample_ratio is not None:  # else the SDK's own: OTEL_TRACES_SAMPLER, or all
-        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-
-        sampler = ParentBased(TraceIdRatioBased(settings.sample_ratio))
-    provider = TracerProvider(resource=Resource.create(attributes), sampler=sampler)
-    exporter = OTLPSpanExporter(endpoint=settings.traces_url(), timeout=settings.export_timeout_s)
-    provider.add_span_processor(BatchSpanProcessor(exporter))
-    log.info("tracing: spans go to %s", settings.traces_url())
     return HubTracer(provider)
 
 

@@ -40,7 +40,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from shared import TracingSettings
+from shared import TracingSettings, open_tracer_provider
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -66,45 +66,12 @@ def open_tracer(
     ``None``: the environment decides; ``False``: off; ``True``: on, with the
     environment's endpoint and service name (or their defaults).
     """
-    if tracing is False:
-        return None
-    settings = (
-        TracingSettings.from_env()
-        if tracing is None
-        else TracingSettings()
-        if tracing is True
-        else tracing
+    provider = open_tracer_provider(
+        tracing, {"tandem.device": device_id}, "the agent", default_service=_DEFAULT_SERVICE
     )
-    if settings is None:
+    if provider is None:
         return None
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    except ImportError as e:
-        log.warning(
-            "tracing asked for but OpenTelemetry is not installed (pip install "
-            "'tandem[otel]'): %s; the agent runs without it",
-            e,
-        )
-        return None
-    resource = Resource.create(
-        {"service.name": settings.service(_DEFAULT_SERVICE), "tandem.device": device_id}
-    )
-    provider = TracerProvider(resource=resource, sampler=_sampler(settings.sample_ratio))
-    exporter = OTLPSpanExporter(endpoint=settings.traces_url(), timeout=settings.export_timeout_s)
-    provider.add_span_processor(BatchSpanProcessor(exporter))
     return EdgeTracer(provider, device_id=device_id, model=model)
-
-
-def _sampler(ratio: float | None) -> Any:
-    """The sampler for ``TracingSettings.sample_ratio``; ``None``: the SDK's (its env's)."""
-    if ratio is None:
-        return None
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-
-    return ParentBased(TraceIdRatioBased(ratio))
 
 
 class EdgeTracer:

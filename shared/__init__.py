@@ -137,6 +137,7 @@ from ._trace_context import (
     parse_traceparent,
     parse_tracestate,
 )
+from ._tracer_provider import open_tracer_provider
 
 __all__ = [
     "ATOMIC_TEMP_PREFIX",
@@ -259,6 +260,7 @@ __all__ = [
     "mqtt_max_packet_bytes",
     "new_request_id",
     "numpy_dtype",
+    "open_tracer_provider",
     "pack_files",
     "parse_time",
     "parse_traceparent",

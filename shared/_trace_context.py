@@ -99,6 +99,19 @@ class TracingSettings:
             raise ConfigError(f"sample_ratio must be from 0 to 1, got {self.sample_ratio!r}")
 
     @classmethod
+    def resolve(cls, tracing: TracingSettings | bool | None) -> TracingSettings | None:
+        """What a ``tracing=`` option means: ``None``: the environment decides
+        (``from_env``); ``False``: off (``None``); ``True``: on, with the environment's
+        endpoint and service name (or their defaults); settings: those."""
+        if tracing is None:
+            return cls.from_env()
+        if tracing is True:
+            return cls()
+        if tracing is False:
+            return None
+        return tracing
+
+    @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> TracingSettings | None:
         """Settings from the standard OpenTelemetry variables, or ``None``: tracing off."""
         env = os.environ if environ is None else environ
