@@ -44,7 +44,7 @@ from ._kept import KeptTurns
 from ._options import GenerationLimits, Sampling
 from ._turn import Sink, Turn, TurnUpdate
 
-__all__ = ["LanguageEngine", "check_turn"]
+__all__ = ["LanguageEngine", "TurnSizes", "check_turn"]
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,32 @@ def check_turn(
         )
 
 
-class LanguageEngine:
+class TurnSizes:
+    """``encode``, ``check`` and ``default_max_tokens`` of an engine, over its tokenizer
+    (``_tokenizer`` under ``_tokenizer_lock``), ``limits``, ``max_prompt_tokens`` and
+    ``context``: the same for every engine behind the turn contract."""
+
+    limits: GenerationLimits
+    max_prompt_tokens: int
+    context: int
+    _tokenizer: Any
+    _tokenizer_lock: threading.Lock
+
+    def encode(self, text: str) -> np.ndarray:
+        with self._tokenizer_lock:
+            return np.asarray(self._tokenizer.encode(text), dtype=np.int32)
+
+    def check(self, prompt_tokens: int, max_tokens: int) -> None:
+        """``InvalidRequestError`` when a turn of these sizes breaks a limit."""
+        limit = self.limits.max_output_tokens
+        check_turn(prompt_tokens, max_tokens, max_prompt_tokens=self.max_prompt_tokens,
+                   max_output_tokens=limit, context=self.context)  # fmt: skip
+
+    def default_max_tokens(self, prompt_tokens: int) -> int:
+        return max(1, min(self.limits.max_output_tokens, self.context - prompt_tokens))
+
+
+class LanguageEngine(TurnSizes):
     """An ONNX Runtime GenAI model directory served by one ``og.Engine`` on its own thread."""
 
     platform = "onnxruntime_genai"
@@ -140,19 +165,6 @@ class LanguageEngine:
         return og.Model(config)
 
     # -- callers' side ----------------------------------------------------------------
-
-    def encode(self, text: str) -> np.ndarray:
-        with self._tokenizer_lock:
-            return np.asarray(self._tokenizer.encode(text), dtype=np.int32)
-
-    def check(self, prompt_tokens: int, max_tokens: int) -> None:
-        """``InvalidRequestError`` when a turn of these sizes breaks a limit."""
-        limit = self.limits.max_output_tokens
-        check_turn(prompt_tokens, max_tokens, max_prompt_tokens=self.max_prompt_tokens,
-                   max_output_tokens=limit, context=self.context)  # fmt: skip
-
-    def default_max_tokens(self, prompt_tokens: int) -> int:
-        return max(1, min(self.limits.max_output_tokens, self.context - prompt_tokens))
 
     def submit(
         self,

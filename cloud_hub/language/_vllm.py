@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import InvalidRequestError, OverloadedError, RepositoryError
-from ._engine import check_turn
+from ._engine import TurnSizes
 from ._options import GenerationLimits, Sampling
 from ._turn import Sink, Turn, TurnUpdate
 from ._vllm_mapping import ConversationHistories, DeltaStream, sampling_kwargs
@@ -139,7 +139,7 @@ class _Running:
     kept: Any = field(default=None)  # the conversation's history while the turn runs
 
 
-class VllmEngine:
+class VllmEngine(TurnSizes):
     """A model version served by vLLM's ``AsyncLLMEngine`` on an asyncio loop of its own."""
 
     platform = "vllm"
@@ -194,19 +194,6 @@ class VllmEngine:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
 
     # -- callers' side (any thread) -----------------------------------------------------
-
-    def encode(self, text: str) -> np.ndarray:
-        with self._tokenizer_lock:
-            return np.asarray(self._tokenizer.encode(text), dtype=np.int32)
-
-    def check(self, prompt_tokens: int, max_tokens: int) -> None:
-        """``InvalidRequestError`` when a turn of these sizes breaks a limit."""
-        limit = self.limits.max_output_tokens
-        check_turn(prompt_tokens, max_tokens, max_prompt_tokens=self.max_prompt_tokens,
-                   max_output_tokens=limit, context=self.context)  # fmt: skip
-
-    def default_max_tokens(self, prompt_tokens: int) -> int:
-        return max(1, min(self.limits.max_output_tokens, self.context - prompt_tokens))
 
     def submit(
         self,
