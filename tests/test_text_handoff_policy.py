@@ -12,14 +12,18 @@ import math
 import numpy as np
 import pytest
 
-from edge_agent.language._confidence import (
+from edge_agent import InvalidInputError
+from edge_agent.language import (
+    DeviceRates,
+    HandoffPolicy,
     ScoreWindow,
     StepScore,
+    route_text,
     step_score,
+    turn_peak,
     uncertainty,
     window_stats,
 )
-from edge_agent.language._handoff import HandoffPolicy, turn_peak
 
 LOGITS = np.array(
     [
@@ -145,3 +149,15 @@ def test_bad_settings_are_refused() -> None:
         HandoffPolicy(budget=1.5)
     with pytest.raises(ValueError):
         HandoffPolicy(threshold=1.0).calibrate([1.0])
+
+
+def test_the_handoff_preset_routes_like_prefer_edge() -> None:
+    slow = DeviceRates(10.0, 1.0)
+    kw: dict[str, object] = {"prompt_tokens": 10, "max_tokens": 50, "rates": slow}
+    assert route_text("handoff", deadline_ms=None, offload_available=True, **kw).side == "edge"
+    heavy = route_text("handoff", deadline_ms=100.0, offload_available=True, **kw)
+    assert (heavy.side, heavy.reason) == ("cloud", "heavy")
+    alone = route_text("handoff", deadline_ms=None, offload_available=False, **kw)
+    assert (alone.side, alone.reason) == ("edge", "handoff") and alone.notes
+    with pytest.raises(InvalidInputError, match="handoff"):
+        route_text("hand-off", deadline_ms=None, offload_available=True, **kw)

@@ -26,13 +26,18 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ._confidence import WINDOW_SCORES, ScoreWindow, StepScore, uncertainty
 
-__all__ = ["HandoffPolicy", "TurnWatch", "turn_peak"]
+if TYPE_CHECKING:
+    from ._cloud import CloudPlan
+
+__all__ = ["Handoff", "HandoffPolicy", "TurnWatch", "turn_peak"]
 
 
 def turn_peak(steps: Sequence[StepScore], score: str, window: int) -> float | None:
@@ -183,6 +188,15 @@ class TurnWatch:
         self.handed_off = handed_off
         if self._observe:
             self.policy.record(self.peak, handed_off)
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """A turn's watch, and how to send its rest to the hub (ids, max_tokens, deadline ms);
+    ``to_hub`` is ``None`` for a turn that only measures its peak."""
+
+    watch: TurnWatch
+    to_hub: Callable[[list[int], int, float | None], CloudPlan] | None
 
 
 def _quantile(values: np.ndarray, budget: float) -> float:
