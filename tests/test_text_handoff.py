@@ -12,7 +12,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from edge_agent import FinishReason, HandoffPolicy, Source
+import pytest
+
+from edge_agent import FinishReason, HandoffPolicy, InvalidInputError, Source
 from shared import GenerateRequest
 from tandem.demo.language import greedy_generate, load_model
 
@@ -73,6 +75,8 @@ def test_another_preset_only_scores_the_turn_for_calibration(served: Served) -> 
         record = agent.generate(PROMPT, max_tokens=12, preset="edge_only", handoff=policy).final()
     assert record.handoff_at is None and record.cloud_tokens == 0
     assert record.handoff_score is not None and policy.realized_share is None  # not counted
+    with served.agent("phone-h3b") as agent, pytest.raises(InvalidInputError, match="handoff="):
+        agent.generate(PROMPT, max_tokens=4, preset="handoff")
 
 
 def test_a_hub_that_fails_after_the_handoff_leaves_the_device_to_finish(served: Served) -> None:
