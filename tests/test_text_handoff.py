@@ -20,6 +20,9 @@ from tandem.demo.language import greedy_generate, load_model
 
 from ._text_mqtt import PROMPT, P, Peer, Served
 
+# The tiny models repeat one token; after this prompt the hub, given the device's tokens,
+# turns to another: the splice shows in the ids (a hub-first order would be caught).
+SPLICE = "class import"
 ALWAYS = -1.0  # minus a mean log-probability is never negative: every full window fires
 
 
@@ -30,7 +33,7 @@ def test_a_forced_handoff_splices_device_then_hub_text_with_no_token_lost(
     spy.subscribe(f"{P}/dev/phone-h1/generate/+")
     policy = HandoffPolicy(window=2, threshold=ALWAYS)
     with served.agent("phone-h1") as agent:
-        stream = agent.generate(PROMPT, max_tokens=30, preset="handoff", handoff=policy)
+        stream = agent.generate(SPLICE, max_tokens=30, preset="handoff", handoff=policy)
         chunks = list(stream)
         assert agent.language is not None and agent.language.live_generators == 0
     record = stream.result
@@ -41,8 +44,8 @@ def test_a_forced_handoff_splices_device_then_hub_text_with_no_token_lost(
     sources = [c.source for c in chunks]
     assert Source.EDGE in sources and sources == sorted(sources, key=lambda s: s is Source.CLOUD)
     device = load_model(served.device_model)
-    prompt_ids = [int(t) for t in device[1].encode(PROMPT)]
-    mine = greedy_generate(device, PROMPT, at)
+    prompt_ids = [int(t) for t in device[1].encode(SPLICE)]
+    mine = greedy_generate(device, SPLICE, at)
     assert list(record.output_ids[:at]) == mine.tokens
     sent = spy.take()[1]  # what the hub was asked: the prompt plus every accepted token
     assert isinstance(sent, GenerateRequest) and sent.prompt is None
@@ -51,6 +54,7 @@ def test_a_forced_handoff_splices_device_then_hub_text_with_no_token_lost(
     edge_text = "".join(c.text for c in chunks if c.source is Source.EDGE)
     assert edge_text == mine.text
     hubs = greedy_generate(reference, prompt_ids + mine.tokens, 30 - at)
+    assert hubs.tokens[0] not in mine.tokens  # the two sides are told apart by their ids
     assert list(record.output_ids[at:]) == hubs.tokens
     assert record.edge_tokens + record.cloud_tokens == len(record.output_ids) <= 30
     assert "".join(c.text for c in chunks) == record.text
