@@ -8,13 +8,14 @@ token is repeated or missing at the splice.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from edge_agent import FinishReason, HandoffPolicy, InvalidInputError, Source
+from edge_agent import AsyncEdgeAgent, FinishReason, HandoffPolicy, InvalidInputError, Source
 from shared import GenerateRequest
 from tandem.demo.language import greedy_generate, load_model
 
@@ -96,3 +97,21 @@ def test_a_hub_that_fails_after_the_handoff_leaves_the_device_to_finish(served: 
     mine = greedy_generate(load_model(served.device_model), PROMPT, at)
     assert record.text.startswith(mine.text) and len(record.text) > len(mine.text)
     assert record.edge_tokens == len(record.output_ids) <= 24
+
+
+def test_the_async_twin_hands_off_the_same_way(served: Served) -> None:
+    async def main() -> tuple[list[Source], Any]:
+        agent = AsyncEdgeAgent(
+            None, device_id="phone-h5", broker=served.url, language_model=served.device_model,
+            cloud_language_model="tiny",
+        )  # fmt: skip
+        policy = HandoffPolicy(window=2, threshold=ALWAYS)
+        async with agent:
+            stream = agent.generate(SPLICE, max_tokens=12, preset="handoff", handoff=policy)
+            sources = [c.source async for c in stream]
+            return sources, stream.result
+
+    sources, record = asyncio.run(main())
+    assert record is not None and record.handoff_at is not None and not record.degraded
+    assert sources[0] is Source.EDGE and sources[-1] is Source.CLOUD
+    assert record.edge_tokens == record.handoff_at and record.cloud_tokens > 0
