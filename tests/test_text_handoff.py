@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 
-from edge_agent import AsyncEdgeAgent, FinishReason, HandoffPolicy, InvalidInputError, Source
+from edge_agent import (
+    AsyncEdgeAgent,
+    EdgeAgent,
+    FinishReason,
+    HandoffPolicy,
+    InvalidInputError,
+    LanguageRuntime,
+    Source,
+)
 from shared import GenerateRequest
 from tandem.demo.language import greedy_generate, load_model
 
@@ -97,6 +105,18 @@ def test_a_hub_that_fails_after_the_handoff_leaves_the_device_to_finish(served: 
     mine = greedy_generate(load_model(served.device_model), PROMPT, at)
     assert record.text.startswith(mine.text) and len(record.text) > len(mine.text)
     assert record.edge_tokens == len(record.output_ids) <= 24
+
+
+def test_a_runtime_without_logits_refuses_the_handoff(served: Served) -> None:
+    runtime = LanguageRuntime(served.device_model)
+    runtime.logits = False  # as LiteRT-LM's runtime says of itself
+    with EdgeAgent(None, device_id="phone-h6", language_model=runtime) as agent:
+        policy = HandoffPolicy(threshold=1.0)
+        with pytest.raises(InvalidInputError, match="logits"):
+            agent.generate(PROMPT, max_tokens=4, preset="handoff", handoff=policy)
+        with pytest.raises(InvalidInputError, match="logits"):
+            agent.generate(PROMPT, max_tokens=4, handoff=policy)
+    assert runtime.live_generators == 0
 
 
 def test_the_async_twin_hands_off_the_same_way(served: Served) -> None:

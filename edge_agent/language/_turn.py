@@ -125,6 +125,10 @@ def _stream(
         plan = _plan(cloud, prompt_text, max_tokens, sampling, deadline_ms, conversation, route)
     splice = None
     if handoff is not None or chosen is Preset.HANDOFF:
+        if not runtime.logits:
+            raise InvalidInputError(
+                f"handoff= needs a runtime that gives logits; {runtime.kind} does not"
+            )
         splice = _splice(chosen, handoff, conversation, cloud, sampling, route)
     return TextStream(
         runtime, ids, max_tokens=max_tokens, sampling=sampling, deadline_ms=deadline_ms,
