@@ -24,7 +24,7 @@ from ._policy import Decision, Route
 from ._result import InferenceResult
 from ._telemetry import ServingStats
 from ._tracing import CallTrace, step_of
-from .language import AsyncTextStream, Conversation, Sampling, TextStream
+from .language import AsyncTextStream, Conversation, HandoffPolicy, Sampling, TextStream
 from .language._turn import start_chat, start_generate
 
 __all__ = ["AgentStats", "AsyncEdgeAgent", "BaseAgent", "EdgeAgent"]
@@ -94,6 +94,7 @@ class EdgeAgent(BaseAgent):
         sampling: Sampling | None = None,
         deadline_ms: float | None = None,
         preset: str = "edge_only",
+        handoff: HandoffPolicy | None = None,
     ) -> TextStream:
         """Generate text after ``prompt``: an iterator of ``TextChunk``, then ``.result``.
 
@@ -104,11 +105,15 @@ class EdgeAgent(BaseAgent):
         them ``prefer_edge`` stays here (the record's ``fallbacks`` say so) and the
         other two raise ``TextOffloadUnavailableError``. A hub that fails mid-turn:
         the device finishes it (``record.degraded``), or a ``cloud_only`` turn ends
-        with finish reason ``error`` (``record.error``).
+        with finish reason ``error`` (``record.error``). ``handoff``: the preset
+        ``handoff`` starts on the device and hands the turn to the hub mid-turn when
+        ``handoff`` (a ``HandoffPolicy``, kept across turns for its budget) says the
+        device is unsure; with another preset it only scores the turn
+        (``record.handoff_score``, what ``HandoffPolicy.calibrate`` takes).
         """
         return start_generate(
             self.language, prompt, max_tokens=max_tokens, sampling=sampling,
-            deadline_ms=deadline_ms, preset=preset, cloud=self._cloud_text,
+            deadline_ms=deadline_ms, preset=preset, cloud=self._cloud_text, handoff=handoff,
         )  # fmt: skip
 
     def chat(
@@ -252,12 +257,13 @@ class AsyncEdgeAgent(BaseAgent):
         sampling: Sampling | None = None,
         deadline_ms: float | None = None,
         preset: str = "edge_only",
+        handoff: HandoffPolicy | None = None,
     ) -> AsyncTextStream:
         """``EdgeAgent.generate`` as an async iterator (each step in a worker thread)."""
         return AsyncTextStream(
             start_generate(
                 self.language, prompt, max_tokens=max_tokens, sampling=sampling,
-                deadline_ms=deadline_ms, preset=preset, cloud=self._cloud_text,
+                deadline_ms=deadline_ms, preset=preset, cloud=self._cloud_text, handoff=handoff,
             )
         )  # fmt: skip
 

@@ -6,7 +6,9 @@ built from this package: ``LanguageRuntime`` (the model), ``TextStream``
 dialogue that keeps its KV cache), ``Sampling``, and the presets with the
 heavy rule (``_presets``, pure); the hub's side of a turn over MQTT
 (``_cloud``: ``TextLink``, ``CloudLeg``, ``CloudTextSettings``) with its
-reorder buffer (``_reorder``, pure). Importing it does not import
+reorder buffer (``_reorder``, pure); handing a turn to the hub mid-turn
+(``HandoffPolicy``, ``_handoff``, over the window scores of ``_confidence``,
+both pure). Importing it does not import
 ``onnxruntime_genai``; loading a model does. ``load_language_runtime`` picks
 the runtime by the folder's contents: a ``.litertlm`` file runs on LiteRT-LM
 (``LiteRTLanguageRuntime``, ``_litert_runtime``, which imports ``litert_lm``
@@ -15,6 +17,15 @@ when it loads), anything else on ONNX Runtime GenAI.
 
 from ._chat import Conversation, render_turn
 from ._cloud import CloudTextSettings
+from ._confidence import (
+    ScoreWindow,
+    StepScore,
+    WindowStats,
+    step_score,
+    uncertainty,
+    window_stats,
+)
+from ._handoff import HandoffPolicy, TurnWatch, turn_peak
 from ._litert_runtime import LiteRTLanguageRuntime
 from ._loader import load_language_runtime
 from ._presets import DeviceRates, Preset, TextRoute, is_heavy, predicted_ms, route_text
@@ -35,16 +46,25 @@ __all__ = [
     "DeviceRates",
     "FinishReason",
     "GenerationRecord",
+    "HandoffPolicy",
     "LanguageRuntime",
     "LiteRTLanguageRuntime",
     "Preset",
     "Sampling",
+    "ScoreWindow",
+    "StepScore",
     "TextChunk",
     "TextRoute",
     "TextStream",
+    "TurnWatch",
+    "WindowStats",
     "is_heavy",
     "load_language_runtime",
     "predicted_ms",
     "render_turn",
     "route_text",
+    "step_score",
+    "turn_peak",
+    "uncertainty",
+    "window_stats",
 ]

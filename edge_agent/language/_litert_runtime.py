@@ -54,6 +54,7 @@ class LiteRTLanguageRuntime(LanguageRuntime):
 
     kind = "litert-lm"
     resumable = False  # a LiteRT-LM session cannot rewind: kept conversations re-prefill
+    logits = False  # its sessions give no logits: a turn cannot be scored for a handoff
 
     def __init__(self, directory: str | os.PathLike[str], *, name: str | None = None,
                  version: str = "0", threads: int | None = None) -> None:  # fmt: skip

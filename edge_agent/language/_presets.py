@@ -7,6 +7,9 @@ The presets are the ones users know from Firebase AI Logic's hybrid API:
   below), which goes to the hub.
 * ``prefer_cloud``: the hub answers; the device when the hub cannot.
 * ``cloud_only``: the hub answers, always.
+* ``handoff``: Tandem's own: the device model starts the turn and hands it to
+  the hub mid-turn when it becomes unsure (a ``HandoffPolicy``; see
+  ``_handoff``). Routed like ``prefer_edge`` (a heavy turn goes to the hub).
 
 The **heavy rule**: a turn whose prefill and decode, predicted from this
 device's measured prompt and decode rates (tokens/s), would not finish
@@ -47,6 +50,7 @@ class Preset(enum.StrEnum):
     PREFER_EDGE = "prefer_edge"
     PREFER_CLOUD = "prefer_cloud"
     CLOUD_ONLY = "cloud_only"
+    HANDOFF = "handoff"
 
     @classmethod
     def parse(cls, value: object) -> Preset:
@@ -106,12 +110,12 @@ def route_text(
     preset = Preset.parse(preset)
     if preset is Preset.EDGE_ONLY:
         return TextRoute("edge", "edge_only")
-    if preset is Preset.PREFER_EDGE:
+    if preset in (Preset.PREFER_EDGE, Preset.HANDOFF):
         if not is_heavy(prompt_tokens, max_tokens, deadline_ms, rates):
             if offload_available:
-                return TextRoute("edge", "prefer_edge")
+                return TextRoute("edge", preset.value)
             note = f"served as edge_only: {OFFLOAD_UNAVAILABLE}"
-            return TextRoute("edge", "prefer_edge", (note,))
+            return TextRoute("edge", preset.value, (note,))
         if offload_available:
             return TextRoute("cloud", "heavy")
         return TextRoute(

@@ -39,6 +39,8 @@ class LanguageRuntime:
     # A generator takes more tokens after it decoded (``rewind_to`` and ``append_tokens``),
     # so a conversation keeps it between turns and reuses its KV cache (``Conversation``).
     resumable = True
+    # ``get_logits`` on its generators: a turn can be scored and handed off (``_handoff``).
+    logits = True
 
     def __init__(self, directory: str | os.PathLike[str], *, name: str | None = None,
                  version: str = "0") -> None:  # fmt: skip

@@ -31,6 +31,11 @@ chunks ``source=edge``, and the record says ``degraded`` and why in
 in ``record.error`` (iteration simply stops: no exception mid-stream).
 Closing the stream, its deadline, or giving up on the hub sends the hub a
 cancel.
+
+A ``handoff`` turn (``_handoff.Handoff``) scores each device token; once its
+window crosses the threshold, at a character boundary, the hub continues from
+the prompt plus the tokens streamed (``record.handoff_at`` of them), falling
+back to the device as above.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ from shared import GenerateChunk, GenerateFinish
 from .._errors import InferenceError, InvalidInputError, UplinkError
 from .._result import Source
 from ._cloud import CloudLeg, CloudPlan, LinkFault
+from ._confidence import step_score
+from ._handoff import Handoff
 from ._presets import TextRoute
 
 if TYPE_CHECKING:
@@ -169,6 +176,8 @@ class GenerationRecord:
     hub: str | None = None  # the hub replica that answered (None: none, or an older hub)
     sticky: bool = False  # sent to the replica holding the conversation's KV cache
     rerouted: str | None = None  # why a sticky turn then went to any replica (re-prefilled)
+    handoff_at: int | None = None  # device tokens streamed before the hub took the turn over
+    handoff_score: float | None = None  # the turn's peak window uncertainty (with a watch)
 
 
 class TextStream(Iterator[TextChunk]):
@@ -186,8 +195,12 @@ class TextStream(Iterator[TextChunk]):
         route: TextRoute,
         conversation: Conversation | None = None,
         cloud: CloudPlan | None = None,
+        handoff: Handoff | None = None,
     ) -> None:
         self._started = _now()
+        self._handoff = handoff
+        self._handoff_at: int | None = None
+        self._hand_due = False
         self._runtime = runtime
         self._prompt_ids = prompt_ids
         self._max_tokens = max_tokens
@@ -284,8 +297,23 @@ class TextStream(Iterator[TextChunk]):
             if len(out) >= self._max_tokens or generator.is_done():
                 self._finish(FinishReason.LENGTH)
                 return chunk
+            if self._handoff is not None and self._handoff_at is None:
+                self._watch_step(generator, token, chunk is not None)
             if chunk is not None:
                 return chunk
+
+    def _watch_step(self, generator: Any, token: int, boundary: bool) -> None:
+        """Score the token; hand the turn to the hub once due, after a whole character."""
+        assert self._handoff is not None
+        self._hand_due |= self._handoff.watch.push(step_score(generator.get_logits(), token))
+        to_hub = self._handoff.to_hub
+        if not (self._hand_due and boundary and to_hub is not None):
+            return
+        left = None if self._deadline_at is None else max(self._deadline_at - _now(), 1e-3) * 1e3
+        self._plan = to_hub(self._prompt_ids + self._out, self._max_tokens - len(self._out), left)
+        self._handoff_at = len(self._out)
+        self._observe_device()
+        self._release()  # the hub continues; the device's generator is freed now
 
     def _prefill(self) -> None:
         runtime = self._runtime
@@ -414,13 +442,16 @@ class TextStream(Iterator[TextChunk]):
                 self.conversation._abort_turn(keep_state=True)
         self._release()
         self._record(reason)
-        if prefilled:
-            self._runtime.observe(
-                prefill_tokens=self._prompt_total - self._reused,
-                prefill_s=self._prefilled_at - self._prefill_from,
-                decode_tokens=len(self._out),
-                decode_s=self._last_at - self._prefilled_at if self._out else 0.0,
-            )
+        if prefilled and self._handoff_at is None:
+            self._observe_device()
+
+    def _observe_device(self) -> None:
+        self._runtime.observe(
+            prefill_tokens=self._prompt_total - self._reused,
+            prefill_s=self._prefilled_at - self._prefill_from,
+            decode_tokens=len(self._out),
+            decode_s=self._last_at - self._prefilled_at if self._out else 0.0,
+        )
 
     def _end_cloud_turn(self, reason: FinishReason) -> None:
         conversation = self.conversation
@@ -440,13 +471,17 @@ class TextStream(Iterator[TextChunk]):
         if hub is not None and self.conversation is not None:
             self.conversation.hub = hub  # its next turn goes to the replica that holds it
         tokens = len(self._out) + self._cloud_tokens
+        at = self._handoff_at
+        watch = None if self._handoff is None else self._handoff.watch
+        if watch is not None:
+            watch.end(at is not None)
         began = self._decode_from or self._prefilled_at
         decode_s = self._last_at - began if tokens and began else 0.0
         prefill_ms = max(0.0, (began or now) - self._started) * 1000.0
         self.result = GenerationRecord(
             finish_reason=reason,
             text="".join(self._parts),
-            output_ids=(*self._cloud_ids, *self._out),
+            output_ids=(*self._out[: at or 0], *self._cloud_ids, *self._out[at or 0 :]),
             preset=self._preset,
             reason=self._route.reason,
             edge_tokens=len(self._out),
@@ -469,6 +504,8 @@ class TextStream(Iterator[TextChunk]):
             hub=hub,
             sticky=leg is not None and leg.sticky_to is not None,
             rerouted=None if leg is None else leg.rerouted,
+            handoff_at=at,
+            handoff_score=None if watch is None else watch.peak,
         )
 
     # -- ending early ----------------------------------------------------------------------

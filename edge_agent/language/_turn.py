@@ -34,6 +34,7 @@ from .._errors import InvalidInputError, ModelLoadError
 from .._input_values import check_deadline
 from ._chat import Conversation
 from ._cloud import CloudPlan, CloudTextSettings, TextLink
+from ._handoff import Handoff, HandoffPolicy
 from ._presets import Preset, TextRoute, route_text
 from ._runtime import LanguageRuntime
 from ._stream import Sampling, TextStream
@@ -103,6 +104,7 @@ def _stream(
     conversation: Conversation | None,
     cloud: CloudAccess | None,
     prompt_text: str,
+    handoff: HandoffPolicy | None = None,
 ) -> TextStream:
     if prompt_total >= runtime.context_length:
         raise InvalidInputError(
@@ -121,10 +123,42 @@ def _stream(
     if route.side == "cloud":
         assert cloud is not None
         plan = _plan(cloud, prompt_text, max_tokens, sampling, deadline_ms, conversation, route)
+    splice = None
+    if handoff is not None or chosen is Preset.HANDOFF:
+        if not runtime.logits:
+            raise InvalidInputError(
+                f"handoff= needs a runtime that gives logits; {runtime.kind} does not"
+            )
+        splice = _splice(chosen, handoff, conversation, cloud, sampling, route)
     return TextStream(
         runtime, ids, max_tokens=max_tokens, sampling=sampling, deadline_ms=deadline_ms,
         preset=chosen.value, route=route, conversation=conversation, cloud=plan,
+        handoff=splice,
     )  # fmt: skip
+
+
+def _splice(
+    chosen: Preset,
+    handoff: HandoffPolicy | None,
+    conversation: Conversation | None,
+    cloud: CloudAccess | None,
+    sampling: Sampling,
+    route: TextRoute,
+) -> Handoff:
+    """The turn's watch, and how it reaches the hub (``None``: it only measures its peak)."""
+    if not isinstance(handoff, HandoffPolicy):
+        raise InvalidInputError(
+            f"preset 'handoff' needs handoff=HandoffPolicy(...), got {handoff!r}"
+        )
+    if conversation is not None:
+        raise InvalidInputError("handoff= is for generate(); chat turns cannot hand off yet")
+    if chosen is not Preset.HANDOFF or cloud is None or route.side != "edge":
+        return Handoff(handoff.watch(observe=False), None)
+
+    def to_hub(ids: list[int], max_tokens: int, deadline_ms: float | None) -> CloudPlan:
+        return _plan(cloud, "", max_tokens, sampling, deadline_ms, None, route, prompt_ids=ids)
+
+    return Handoff(handoff.watch(), to_hub)
 
 
 def _plan(
@@ -135,6 +169,8 @@ def _plan(
     deadline_ms: float | None,
     conversation: Conversation | None,
     route: TextRoute,
+    *,
+    prompt_ids: list[int] | None = None,
 ) -> CloudPlan:
     wire = TextSampling()
     if not sampling.greedy:
@@ -144,7 +180,9 @@ def _plan(
         )  # fmt: skip
     request = GenerateRequest(
         request_id=new_request_id(), model=cloud.model, max_tokens=max_tokens,
-        prompt=prompt_text, sampling=wire, device_id=cloud.device_id, timeout_ms=deadline_ms,
+        prompt=None if prompt_ids is not None else prompt_text, sampling=wire,
+        prompt_ids=None if prompt_ids is None else tuple(prompt_ids),
+        device_id=cloud.device_id, timeout_ms=deadline_ms,
         sent_at_ms=time.time() * 1000.0,
         conversation=None if conversation is None else conversation.id,
         turn=None if conversation is None else conversation.turns,
@@ -164,6 +202,7 @@ def start_generate(
     deadline_ms: float | None,
     preset: str,
     cloud: CloudAccess | None = None,
+    handoff: HandoffPolicy | None = None,
 ) -> TextStream:
     model, max_tokens, sampling, deadline = _checked(runtime, max_tokens, sampling, deadline_ms)
     if not isinstance(prompt, str) or not prompt:
@@ -180,7 +219,7 @@ def start_generate(
         raise InvalidInputError("the prompt encodes to no tokens")
     return _stream(
         model, ids, len(ids), max_tokens=max_tokens, sampling=sampling, deadline_ms=deadline,
-        preset=preset, conversation=None, cloud=cloud, prompt_text=prompt,
+        preset=preset, conversation=None, cloud=cloud, prompt_text=prompt, handoff=handoff,
     )  # fmt: skip
 
 
