@@ -74,6 +74,18 @@ class Window:
     def throughput(self) -> float:
         return len(self.latencies_ms) / self.seconds
 
+    def record(self, clock: WindowClock, t0: float, t1: float, ok: bool) -> None:
+        """One answer sent at ``t0``, come at ``t1``: counted; kept if inside the window
+        (a latency, or an error); past the window's end, the clock stops the run."""
+        self.answered += ok
+        if clock.inside(t1):
+            if ok:
+                self.latencies_ms.append((t1 - t0) * 1000.0)
+            else:
+                self.errors += 1
+        if t1 >= clock.end:
+            clock.running = False
+
 
 class WindowClock:
     """The window's bounds, shared by the threads that record answers."""
@@ -143,14 +155,7 @@ class HttpLoad:
             except _HttpStatusError:
                 ok = False
             t1 = clock_now()
-            window.answered += ok
-            if clock.inside(t1):
-                if ok:
-                    window.latencies_ms.append((t1 - t0) * 1000.0)
-                else:
-                    window.errors += 1
-            if t1 >= clock.end:
-                clock.running = False
+            window.record(clock, t0, t1, ok)
 
 
 class InProcessLoad:

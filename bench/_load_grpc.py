@@ -71,11 +71,4 @@ class GrpcLoad:
             except aio.AioRpcError:
                 ok = False
             t1 = now()
-            window.answered += ok
-            if clock.inside(t1):
-                if ok:
-                    window.latencies_ms.append((t1 - t0) * 1000.0)
-                else:
-                    window.errors += 1
-            if t1 >= clock.end:
-                clock.running = False
+            window.record(clock, t0, t1, ok)

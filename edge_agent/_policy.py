@@ -56,6 +56,8 @@ __all__ = [
     "RequestFacts",
     "Route",
     "UncertainCheck",
+    "next_level",
+    "quantile_threshold",
 ]
 
 
@@ -223,7 +225,7 @@ class UncertainCheck:
             self._window.extend(scores[-(self._window.maxlen or 1) :].tolist())
             self._since_refresh = 0
             self._level = self._target()
-            self._threshold = _quantile_threshold(scores, self.budget)
+            self._threshold = quantile_threshold(scores, self.budget)
             self._calibrated = True
         return self._threshold
 
@@ -260,21 +262,25 @@ class UncertainCheck:
             # Each decision moves the level by its error (a stochastic-approximation quantile
             # tracker): an offload above the budget's share lowers it, a local answer raises
             # it. At a budget of 0 or 1 the level stays there (nothing to track).
-            target = self._target()
-            if 0.0 < target < 1.0:
-                error = target - (1.0 if offloaded else 0.0)
-                self._level = min(max(self._level + self.step * error, 0.0), 1.0)
-            else:
-                self._level = target
+            self._level = next_level(self._level, self._target(), self.step, offloaded)
             self._since_refresh += 1
             if self._since_refresh < self.refresh_every or len(self._window) < 10:
                 return
             self._since_refresh = 0
-            self._threshold = _quantile_threshold(np.fromiter(self._window, float), self._level)
+            self._threshold = quantile_threshold(np.fromiter(self._window, float), self._level)
             self._calibrated = True
 
 
-def _quantile_threshold(scores: np.ndarray, budget: float) -> float:
+def next_level(level: float, target: float, step: float, taken: bool) -> float:
+    """The quantile level after one decision: moved by its error (``taken``: offloaded,
+    handed off), clipped to [0, 1]; at a target of 0 or 1, the target (nothing to track)."""
+    if 0.0 < target < 1.0:
+        error = target - (1.0 if taken else 0.0)
+        return min(max(level + step * error, 0.0), 1.0)
+    return target
+
+
+def quantile_threshold(scores: np.ndarray, budget: float) -> float:
     """The score above which a ``budget`` share of ``scores`` lies."""
     if budget <= 0.0:
         return float("inf")

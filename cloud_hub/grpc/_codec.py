@@ -47,13 +47,11 @@ from shared import (
 )
 
 from .._errors import BadRequestError, InvalidRequestError
-from .._model_info import ModelInfo
 from ..http import InferRequest, RequestedOutput
 from . import inference_pb2 as pb
 
 __all__ = [
     "CONTENTS_FIELD",
-    "check_requested_outputs",
     "decode_model_infer",
     "encode_model_infer",
     "parameter_value",
@@ -115,19 +113,6 @@ def decode_model_infer(request: pb.ModelInferRequest, *, limits: Limits) -> Infe
         timeout_us=timeout or None,
         parameters=parameters,
     )
-
-
-def check_requested_outputs(info: ModelInfo, request: InferRequest) -> None:
-    """Refuse unknown requested outputs before compute, not after."""
-    if request.outputs is None or not info.outputs:
-        return
-    known = {s.name for s in info.outputs}
-    unknown = [o.name for o in request.outputs if o.name not in known]
-    if unknown:
-        raise InvalidRequestError(
-            f"model {info.model}@{info.version} has no output {unknown[0]!r}; "
-            f"it has {sorted(known)}"
-        )
 
 
 def encode_model_infer(

@@ -51,13 +51,13 @@ from shared.server import ApiKeyGuard
 
 from .._dispatch import answer_of
 from .._errors import ExecutorError, HubError, error_code
-from ..http import SERVER_NAME, ServedHub, server_version
+from ..http import SERVER_NAME, ServedHub, check_requested_outputs, server_version
 from ..http._app import drop_tracebacks
 from ..http._bodies import ByteBudget
 from ..http._repository import repository_index
 from . import inference_pb2 as pb
 from . import inference_pb2_grpc as pb_grpc
-from ._codec import check_requested_outputs, decode_model_infer, encode_model_infer
+from ._codec import decode_model_infer, encode_model_infer
 
 __all__ = ["InferenceServicer", "status_of"]
 

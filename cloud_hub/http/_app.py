@@ -79,10 +79,8 @@ from .._dispatch import Dispatcher, answer_of
 from .._errors import (
     ExecutorError,
     HubError,
-    InvalidRequestError,
 )
 from .._hub import Hub
-from .._model_info import ModelInfo
 from .._tracing import HubTracer, RequestTimes, TracedRequest
 from ..language import LanguageModels
 from ..metrics import ModelCounts, RequestRecorder
@@ -90,7 +88,7 @@ from ._auth import api_key_auth
 from ._bodies import OFFLOAD_BYTES, ByteBudget, declared_length, maybe_offload, read_body
 from ._codec import (
     HEADER_LENGTH,
-    InferRequest,
+    check_requested_outputs,
     decode_infer_request,
     encode_infer_response,
     parse_header_length,
@@ -429,7 +427,7 @@ class _InferenceApi:
             info = self.dispatcher.describe(model_name, model_version)
             decoded = await self._decode(body, header_length)
             del body  # the tensors are decoded: the text can go
-            _check_outputs(info, decoded)
+            check_requested_outputs(info, decoded)
             deadline = None if decoded.timeout_us is None else received + decoded.timeout_us / 1e6
             request_id = decoded.id
             if tracer is not None:
@@ -509,19 +507,6 @@ def drop_tracebacks(error: BaseException | None) -> None:
         seen.add(id(error))
         error.__traceback__ = None
         error = error.__cause__ or error.__context__
-
-
-def _check_outputs(info: ModelInfo, request: InferRequest) -> None:
-    """Refuse unknown requested outputs before compute, not after."""
-    if request.outputs is None or not info.outputs:
-        return
-    known = {s.name for s in info.outputs}
-    unknown = [o.name for o in request.outputs if o.name not in known]
-    if unknown:
-        raise InvalidRequestError(
-            f"model {info.model}@{info.version} has no output {unknown[0]!r}; "
-            f"it has {sorted(known)}"
-        )
 
 
 def server_version() -> str:

@@ -57,12 +57,14 @@ from shared import (
 )
 
 from .._errors import BadRequestError, HubError, InvalidRequestError
+from .._model_info import ModelInfo
 from ._json_numbers import NumberSpan, parse_request
 
 __all__ = [
     "HEADER_LENGTH",
     "InferRequest",
     "RequestedOutput",
+    "check_requested_outputs",
     "decode_infer_request",
     "encode_infer_response",
     "parse_header_length",
@@ -410,3 +412,16 @@ def _json_data(array: np.ndarray, name: str) -> list[Any]:
         raise InvalidRequestError(
             f"output {name!r} holds bytes that are not UTF-8; ask for it with binary_data: true"
         ) from None
+
+
+def check_requested_outputs(info: ModelInfo, request: InferRequest) -> None:
+    """Refuse unknown requested outputs before compute, not after."""
+    if request.outputs is None or not info.outputs:
+        return
+    known = {s.name for s in info.outputs}
+    unknown = [o.name for o in request.outputs if o.name not in known]
+    if unknown:
+        raise InvalidRequestError(
+            f"model {info.model}@{info.version} has no output {unknown[0]!r}; "
+            f"it has {sorted(known)}"
+        )

@@ -83,13 +83,15 @@ def check_turn(
 
 
 class TurnSizes:
-    """``encode``, ``check`` and ``default_max_tokens`` of an engine, over its tokenizer
-    (``_tokenizer`` under ``_tokenizer_lock``), ``limits``, ``max_prompt_tokens`` and
-    ``context``: the same for every engine behind the turn contract."""
+    """``encode``, ``check``, ``default_max_tokens`` and ``checked_prompt`` of an engine, over
+    its tokenizer (``_tokenizer`` under ``_tokenizer_lock``), ``limits``,
+    ``max_prompt_tokens``, ``context`` and ``vocab_size``: the same for every engine behind
+    the turn contract."""
 
     limits: GenerationLimits
     max_prompt_tokens: int
     context: int
+    vocab_size: int
     _tokenizer: Any
     _tokenizer_lock: threading.Lock
 
@@ -105,6 +107,22 @@ class TurnSizes:
 
     def default_max_tokens(self, prompt_tokens: int) -> int:
         return max(1, min(self.limits.max_output_tokens, self.context - prompt_tokens))
+
+    def checked_prompt(
+        self, prompt: Sequence[int] | np.ndarray, max_tokens: int, conversation: str | None
+    ) -> np.ndarray:
+        """The prompt's ids, once the turn is one ``submit`` takes (``InvalidRequestError``)."""
+        if conversation is not None and (not isinstance(conversation, str) or not conversation):
+            raise InvalidRequestError("a conversation id must be a non-empty string")
+        if not isinstance(prompt, np.ndarray):
+            bad = [t for t in prompt if not 0 <= int(t) < self.vocab_size]
+            if bad:
+                raise InvalidRequestError(
+                    f"token id {bad[0]} is out of the model's vocabulary (0..{self.vocab_size - 1})"
+                )
+        ids = np.asarray(prompt, dtype=np.int32)
+        self.check(len(ids), max_tokens)
+        return ids
 
 
 class LanguageEngine(TurnSizes):
@@ -180,16 +198,7 @@ class LanguageEngine(TurnSizes):
         With ``conversation`` (an opaque id), the turn continues that kept
         conversation where its prompt repeats the kept history, and is kept after.
         """
-        if conversation is not None and (not isinstance(conversation, str) or not conversation):
-            raise InvalidRequestError("a conversation id must be a non-empty string")
-        if not isinstance(prompt, np.ndarray):
-            bad = [t for t in prompt if not 0 <= int(t) < self.vocab_size]
-            if bad:
-                raise InvalidRequestError(
-                    f"token id {bad[0]} is out of the model's vocabulary (0..{self.vocab_size - 1})"
-                )
-        ids = np.asarray(prompt, dtype=np.int32)
-        self.check(len(ids), max_tokens)
+        ids = self.checked_prompt(prompt, max_tokens, conversation)
         turn = Turn(
             id=next(self._ids),
             prompt=ids,

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import InvalidRequestError, OverloadedError, RepositoryError
+from .._errors import OverloadedError, RepositoryError
 from ._engine import TurnSizes
 from ._options import GenerationLimits, Sampling
 from ._turn import Sink, Turn, TurnUpdate
@@ -205,16 +205,7 @@ class VllmEngine(TurnSizes):
         conversation: str | None = None,
     ) -> Turn:
         """Queue a turn; ``InvalidRequestError`` for a broken limit, ``OverloadedError`` if full."""
-        if conversation is not None and (not isinstance(conversation, str) or not conversation):
-            raise InvalidRequestError("a conversation id must be a non-empty string")
-        if not isinstance(prompt, np.ndarray):
-            bad = [t for t in prompt if not 0 <= int(t) < self.vocab_size]
-            if bad:
-                raise InvalidRequestError(
-                    f"token id {bad[0]} is out of the model's vocabulary (0..{self.vocab_size - 1})"
-                )
-        ids = np.asarray(prompt, dtype=np.int32)
-        self.check(len(ids), max_tokens)
+        ids = self.checked_prompt(prompt, max_tokens, conversation)
         turn = Turn(id=next(self._ids), prompt=ids, max_tokens=max_tokens,
                     sampling=sampling or Sampling(), sink=sink, deadline=math.inf, engine=self,
                     conversation=conversation)  # fmt: skip

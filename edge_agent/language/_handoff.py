@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .._policy import next_level, quantile_threshold
 from ._confidence import WINDOW_SCORES, ScoreWindow, StepScore, uncertainty
 
 if TYPE_CHECKING:
@@ -131,7 +132,7 @@ class HandoffPolicy:
             self._peaks.extend(values[-(self._peaks.maxlen or 1) :])
             self._since_refresh = 0
             self._level = self.budget
-            self._threshold = _quantile(np.asarray(values, dtype=np.float64), self.budget)
+            self._threshold = quantile_threshold(np.asarray(values, dtype=np.float64), self.budget)
             self._calibrated = True
         return self._threshold
 
@@ -149,14 +150,12 @@ class HandoffPolicy:
                 return
             assert self.budget is not None
             self._peaks.append(-math.inf if peak is None else peak)
-            if 0.0 < self.budget < 1.0:
-                error = self.budget - (1.0 if handed_off else 0.0)
-                self._level = min(max(self._level + self.step * error, 0.0), 1.0)
+            self._level = next_level(self._level, self.budget, self.step, handed_off)
             self._since_refresh += 1
             if self._since_refresh < self.refresh_every or len(self._peaks) < 10:
                 return
             self._since_refresh = 0
-            self._threshold = _quantile(np.fromiter(self._peaks, float), self._level)
+            self._threshold = quantile_threshold(np.fromiter(self._peaks, float), self._level)
             self._calibrated = True
 
 
@@ -197,13 +196,3 @@ class Handoff:
 
     watch: TurnWatch
     to_hub: Callable[[list[int], int, float | None], CloudPlan] | None
-
-
-def _quantile(values: np.ndarray, budget: float) -> float:
-    """The value above which a ``budget`` share of ``values`` lies (``-inf``: a turn too
-    short to score, which never hands off, fills the bottom)."""
-    if budget <= 0.0:
-        return math.inf
-    if budget >= 1.0:
-        return -math.inf
-    return float(np.quantile(values, 1.0 - budget, method="higher"))
