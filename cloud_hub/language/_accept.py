@@ -1,0 +1,157 @@
+"""The hub's side of speculative decoding, pure: which drafted tokens to keep, and the next one.
+
+The device drafts ``k`` tokens ``d_0..d_{k-1}``; the hub runs its model once
+over them and has ``k + 1`` rows of logits, row ``i`` predicting the token at
+draft position ``i`` (row ``k`` the one after the last draft). ``accept_drafts``
+turns those rows into an ``Acceptance``: how many drafts are kept and the
+hub's own token that follows them, so that one round always yields
+``accepted + 1`` tokens.
+
+- Greedy (``temperature`` <= 0): keep drafts while ``d_i == argmax(row i)``;
+  the next token is ``argmax(row accepted)``. The output is token for token
+  what the hub alone would have produced greedily.
+- Sampling: ``p_i = target_probs(row i)`` (temperature, then top-k, then
+  top-p, the way the hub samples a turn); ``d_i`` is kept with probability
+  ``min(1, p_i(d_i) / q_i(d_i))`` (Leviathan et al., Chen et al.); at the
+  first rejection the next token is drawn from ``normalize(max(0, p_i - q_i))``;
+  with every draft kept it is drawn from ``p_k``. Then every emitted token is
+  distributed exactly as ``p`` (for any ``q``), on one condition: ``d_i`` was
+  drawn from the same ``q_i`` the test and the residual use. Here ``q`` is the
+  draft's *compressed* distribution (``shared.SparseDists``: the top ids and a
+  uniform rest); the proof never needs ``q`` to be the draft model's true
+  distribution, only that the token was drawn from it and that acceptance and
+  residual use the same one, so the device drafts from the decoded
+  ``SparseDists`` (``SparseDists.sample``) and exactness holds. A token
+  ``q`` gives 0 (it cannot be drawn from ``q``; only a device drafting from the
+  uncompressed row sends one) is kept whenever ``p`` gives it mass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from shared import SparseDists
+
+from .._errors import InvalidRequestError
+from ._options import Sampling
+
+__all__ = ["Acceptance", "accept_drafts", "target_probs"]
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """``accepted`` drafts kept (0..k), then the hub's ``next_token``."""
+
+    accepted: int
+    next_token: int
+
+
+def target_probs(
+    logits: np.ndarray, *, temperature: float, top_p: float = 1.0, top_k: int | None = None
+) -> np.ndarray:
+    """One row of logits to the distribution the hub samples from (float64 [vocab]).
+
+    ``temperature`` <= 0: all mass on the argmax (the first on a tie). Else
+    softmax(logits / temperature), then the ``top_k`` most probable ids (ties: the
+    lower id), then the smallest set of most probable ids whose mass reaches
+    ``top_p`` (``top_p`` >= 1 keeps all), renormalized. ``-inf`` logits get 0.
+    """
+    row = np.asarray(logits, dtype=np.float64)
+    if row.ndim != 1 or row.size == 0 or np.any(np.isnan(row)) or np.any(row == np.inf):
+        raise InvalidRequestError("logits must be one non-empty row without NaN or +inf")
+    top = float(row.max())
+    if top == -np.inf:
+        raise InvalidRequestError("logits give every token probability 0")
+    if temperature <= 0:
+        out = np.zeros(row.size)
+        out[int(np.argmax(row))] = 1.0
+        return out
+    weights = np.exp((row - top) / temperature)
+    order = np.argsort(-weights, kind="stable")
+    keep = row.size
+    if top_k is not None and top_k < keep:
+        keep = max(1, top_k)
+    if top_p < 1.0:
+        sorted_probs = weights[order[:keep]] / weights[order[:keep]].sum()
+        before = np.cumsum(sorted_probs) - sorted_probs  # mass of the more probable ids
+        keep = max(1, int(np.count_nonzero(before < top_p)))
+    out = np.zeros(row.size)
+    out[order[:keep]] = weights[order[:keep]]
+    return out / out.sum()
+
+
+def _draw(weights: np.ndarray, rng: np.random.Generator) -> int:
+    """An index drawn in proportion to ``weights`` (>= 0, some > 0); never a 0-weight one."""
+    cumulative = np.cumsum(weights)
+    return int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+
+
+def _check(
+    target_logits: np.ndarray, drafts: Sequence[int], draft: SparseDists | None, greedy: bool
+) -> tuple[np.ndarray, list[int]]:
+    logits = np.asarray(target_logits)
+    ids = [int(d) for d in drafts]
+    k = len(ids)
+    if logits.ndim != 2 or logits.shape[0] != k + 1 or logits.shape[1] < 1:
+        raise InvalidRequestError(
+            f"target logits must be [{k + 1}, vocab] for {k} drafts, got {logits.shape}"
+        )
+    if logits.dtype.kind != "f" or np.isnan(logits).any() or np.isposinf(logits).any():
+        raise InvalidRequestError("target logits must be floats without NaN or +inf")
+    vocab = logits.shape[1]
+    if any(not 0 <= d < vocab for d in ids):
+        raise InvalidRequestError(f"a draft token outside 0..{vocab - 1}")
+    if not greedy:
+        if draft is None:
+            raise InvalidRequestError("sampled speculative decoding needs the draft's q")
+        if draft.k != k or draft.vocab != vocab:
+            raise InvalidRequestError(
+                f"draft distributions are {draft.k} rows over {draft.vocab} ids, "
+                f"expected {k} over {vocab}"
+            )
+    return logits, ids
+
+
+def accept_drafts(
+    target_logits: np.ndarray,
+    drafts: Sequence[int],
+    draft: SparseDists | None,
+    sampling: Sampling,
+    rng: np.random.Generator,
+) -> Acceptance:
+    """The drafts the hub keeps and its next token (see the module docstring for the rule).
+
+    ``target_logits`` [k+1, vocab], ``drafts`` k ids, ``draft`` their compressed
+    distributions (may be None when greedy), ``rng`` the turn's generator (one
+    uniform per tested draft, one per drawn token). ``InvalidRequestError`` for
+    shapes, ids or distributions that do not match.
+    """
+    greedy = not sampling.temperature > 0
+    logits, ids = _check(target_logits, drafts, draft, greedy)
+    if greedy:
+        for i, d in enumerate(ids):
+            best = int(np.argmax(logits[i]))
+            if d != best:
+                return Acceptance(accepted=i, next_token=best)
+        return Acceptance(accepted=len(ids), next_token=int(np.argmax(logits[len(ids)])))
+    assert draft is not None  # _check
+    top_k = getattr(sampling, "top_k", None)  # the hub's Sampling has none (yet)
+
+    def p_row(i: int) -> np.ndarray:
+        t, p = sampling.temperature, sampling.top_p
+        return target_probs(logits[i], temperature=t, top_p=p, top_k=top_k)
+
+    for i, d in enumerate(ids):
+        p = p_row(i)
+        q = draft.dense(i)
+        if rng.random() * q[d] < p[d]:  # probability min(1, p/q); q(d) = 0: kept if p(d) > 0
+            continue
+        residual = np.maximum(0.0, p - q)
+        if not residual.sum() > 0 or not math.isfinite(residual.sum()):
+            residual = p  # p == q to rounding: a rejection had probability ~0
+        return Acceptance(accepted=i, next_token=_draw(residual, rng))
+    return Acceptance(accepted=len(ids), next_token=_draw(p_row(len(ids)), rng))
