@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from edge_agent import InvalidInputError
-from edge_agent.language import DraftLength, best_k, expected_tokens, round_seconds
+from edge_agent.language import DraftLength, best_k, crossover, expected_tokens, round_seconds
 
 
 def test_expected_tokens_is_the_truncated_geometric_sum() -> None:
@@ -142,3 +142,38 @@ def test_observe_refuses_rounds_that_cannot_be() -> None:
         DraftLength(k_min=2, k_max=4, start=5)
     with pytest.raises(InvalidInputError, match="smoothing"):
         DraftLength(smoothing=0)
+
+
+def spec_s_per_token(alpha: float, k: int, rtt: float, h: float, draft: float, v: float,
+                     ahead: bool) -> float:  # fmt: skip
+    return round_seconds(alpha, k, rtt, v * h, draft, ahead=ahead) / expected_tokens(alpha, k)
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_crossover_is_where_a_round_per_token_equals_the_hubs_time_per_token(ahead: bool) -> None:
+    cases = [  # alpha, k, rtt, draft, verify passes: drafting shorter and longer than the flight
+        (0.8, 4, 0.05, 0.002, 1.0),
+        (0.9, 8, 0.005, 0.01, 1.0),
+        (0.6, 3, 0.02, 0.0, 1.5),
+        (0.95, 16, 0.1, 0.02, 2.0),
+        (0.7, 6, 0.001, 0.03, 0.5),
+    ]
+    for alpha, k, rtt, draft, v in cases:
+        h = crossover(alpha, k, rtt, draft, verify_passes=v, ahead=ahead)
+        assert 0 < h < math.inf
+        at = spec_s_per_token(alpha, k, rtt, h, draft, v, ahead)
+        assert at == pytest.approx(h, rel=1e-9)  # break-even
+        assert spec_s_per_token(alpha, k, rtt, h * 1.01, draft, v, ahead) < h * 1.01
+        assert spec_s_per_token(alpha, k, rtt, h * 0.99, draft, v, ahead) > h * 0.99
+
+
+def test_crossover_is_the_round_trip_over_the_tokens_accepted_per_round() -> None:
+    for alpha, k in ((0.5, 2), (0.8, 4), (0.9, 8)):
+        accepted = expected_tokens(alpha, k) - 1
+        assert crossover(alpha, k, 0.05) == pytest.approx(0.05 / accepted)
+        assert crossover(alpha, k, 0.05, 0.004) == pytest.approx((0.05 + k * 0.004) / accepted)
+    assert crossover(0.0, 4, 0.05) == math.inf  # nothing accepted: never wins
+    assert crossover(0.5, 1, 0.05, verify_passes=2.0) == math.inf  # E = 1.5 <= 2 passes
+    assert crossover(0.9, 4, 0.1) > crossover(0.9, 4, 0.02)  # a longer link needs a slower hub
+    assert crossover(0.5, 4, 0.05) > crossover(0.9, 4, 0.05)  # more acceptance wins sooner
+    assert crossover(0.9, 4, 0.05, 0.005, ahead=True) < crossover(0.9, 4, 0.05, 0.005)
