@@ -177,3 +177,12 @@ def test_crossover_is_the_round_trip_over_the_tokens_accepted_per_round() -> Non
     assert crossover(0.9, 4, 0.1) > crossover(0.9, 4, 0.02)  # a longer link needs a slower hub
     assert crossover(0.5, 4, 0.05) > crossover(0.9, 4, 0.05)  # more acceptance wins sooner
     assert crossover(0.9, 4, 0.05, 0.005, ahead=True) < crossover(0.9, 4, 0.05, 0.005)
+
+
+def test_crossover_for_a_latency_target_below_break_even() -> None:
+    for ahead in (False, True):
+        h = crossover(0.9, 6, 0.05, 0.003, ratio=0.65, ahead=ahead)
+        assert spec_s_per_token(0.9, 6, 0.05, h, 0.003, 1.0, ahead) == pytest.approx(0.65 * h)
+        assert h > crossover(0.9, 6, 0.05, 0.003, ahead=ahead)
+    with pytest.raises(InvalidInputError, match="ratio"):
+        crossover(0.9, 6, 0.05, ratio=0)

@@ -127,6 +127,7 @@ def crossover(
     *,
     verify_passes: float = 1.0,
     ahead: bool = False,
+    ratio: float = 1.0,
 ) -> float:
     """The hub's seconds per token above which speculative decoding beats cloud-only streaming.
 
@@ -139,8 +140,14 @@ def crossover(
     gives ``h = (rtt_s + (1 - a) * D) / (E - verify_passes)`` where ``D <= W``
     and ``h = ((1 - a) * rtt_s + D) / (E - (1 - a) * verify_passes)`` where
     ``D > W``; the one consistent with its side is returned.
+
+    ``ratio`` < 1 asks for more than breaking even: the hub time per token above
+    which a speculative token takes at most ``ratio`` of a cloud-only one (0.65:
+    35% lower latency); every formula above then has ``ratio * E`` for ``E``.
     """
-    tokens = expected_tokens(alpha, k)
+    if not (isinstance(ratio, int | float) and 0 < ratio < math.inf):
+        raise InvalidInputError(f"ratio must be a finite number > 0, got {ratio!r}")
+    tokens = ratio * expected_tokens(alpha, k)
     rtt_s, draft_s = _check_seconds("rtt_s", rtt_s), _check_seconds("draft", draft_s_per_token)
     v = _check_seconds("verify_passes", verify_passes)
     drafting = k * draft_s
