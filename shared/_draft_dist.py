@@ -181,8 +181,13 @@ def encode_draft_dists(probs: np.ndarray, *, top: int = 32) -> bytes:
         raise TensorError("draft distributions: a row with no mass")
     rows /= totals
     top = min(top, vocab)
-    ids = np.argsort(-rows, axis=1, kind="stable")[:, :top]
+    if top < vocab:  # the top ids without sorting the whole row (ties at the edge: any)
+        ids = np.argpartition(-rows, top - 1, axis=1)[:, :top]
+    else:
+        ids = np.broadcast_to(np.arange(vocab), (k, vocab))
     kept = np.take_along_axis(rows, ids, axis=1)
+    order = np.argsort(-kept, axis=1, kind="stable")  # most probable first
+    ids, kept = np.take_along_axis(ids, order, axis=1), np.take_along_axis(kept, order, axis=1)
     quantized = _quantize(kept)
     header = _HEADER.pack(DRAFT_DISTS_VERSION, k, top)
     return header + ids.astype(_id_dtype(vocab)).tobytes() + quantized.astype("<u2").tobytes()

@@ -61,6 +61,33 @@ def test_target_probs_applies_temperature_then_top_k_then_top_p() -> None:
             target_probs(bad, temperature=1.0)
 
 
+def reference_target_probs(row: np.ndarray, temperature: float, top_p: float, top_k: int | None):
+    """The truncation by a full stable sort, for comparison."""
+    weights = np.exp((row - row.max()) / temperature)
+    order = np.argsort(-weights, kind="stable")
+    if top_k is not None:
+        order = order[:top_k]
+    probs = weights[order] / weights[order].sum()
+    keep = (
+        max(1, int(np.count_nonzero(np.cumsum(probs) - probs < top_p))) if top_p < 1 else order.size
+    )
+    out = np.zeros(row.size)
+    out[order[:keep]] = weights[order[:keep]]
+    return out / out.sum()
+
+
+def test_target_probs_sorts_only_the_head_and_still_matches_a_full_sort() -> None:
+    rng = np.random.default_rng(11)
+    for vocab, scale in ((1000, 0.1), (1000, 3.0), (32000, 2.0)):
+        for _ in range(5):
+            row = np.round(rng.normal(size=vocab) * scale, 1)  # rounded: many ties
+            for top_p, top_k in ((0.9, None), (0.5, 40), (0.99, 2000), (1.0, 7), (0.3, None)):
+                got = target_probs(row, temperature=0.9, top_p=top_p, top_k=top_k)
+                want = reference_target_probs(row, 0.9, top_p, top_k)
+                assert np.array_equal(got > 0, want > 0), (vocab, scale, top_p, top_k)
+                assert np.allclose(got, want, rtol=1e-9, atol=1e-15)
+
+
 def emitted_positions(
     sampling: Sampling, target: np.ndarray, q: np.ndarray, k: int, n: int, seed: int
 ) -> np.ndarray:

@@ -71,17 +71,38 @@ def target_probs(
         out[int(np.argmax(row))] = 1.0
         return out
     weights = np.exp((row - top) / temperature)
-    order = np.argsort(-weights, kind="stable")
-    keep = row.size
-    if top_k is not None and top_k < keep:
-        keep = max(1, top_k)
+    ids = np.arange(row.size)  # the ids still in, most probable first once truncated
+    if top_k is not None and top_k < row.size:
+        ids = _head(weights, max(1, top_k))[: max(1, top_k)]
     if top_p < 1.0:
-        sorted_probs = weights[order[:keep]] / weights[order[:keep]].sum()
-        before = np.cumsum(sorted_probs) - sorted_probs  # mass of the more probable ids
-        keep = max(1, int(np.count_nonzero(before < top_p)))
+        pool = weights[ids]
+        total = float(pool.sum())
+        m = min(64, ids.size)
+        while True:  # sort only the head that the top_p set can reach (exact, see _head)
+            order = _head(pool, m)
+            before = (np.cumsum(pool[order]) - pool[order]) / total  # mass ahead of each id
+            count = max(1, int(np.count_nonzero(before < top_p)))
+            if count < order.size or order.size == pool.size:
+                break
+            m = min(pool.size, m * 4)
+        ids = ids[order[:count]]
     out = np.zeros(row.size)
-    out[order[:keep]] = weights[order[:keep]]
+    out[ids] = weights[ids]
     return out / out.sum()
+
+
+def _head(weights: np.ndarray, m: int) -> np.ndarray:
+    """Indices of the ``m`` largest weights and every weight tied with the m-th, sorted.
+
+    Sorted by weight descending, then index ascending: the first entries of a full
+    stable sort of ``-weights``, in its order, without sorting the whole row.
+    """
+    if m >= weights.size:
+        head = np.arange(weights.size)
+    else:
+        threshold = np.partition(weights, weights.size - m)[weights.size - m]
+        head = np.flatnonzero(weights >= threshold)
+    return head[np.lexsort((head, -weights[head]))]
 
 
 def _draw(weights: np.ndarray, rng: np.random.Generator) -> int:
