@@ -230,3 +230,22 @@ def test_inputs_that_do_not_match_are_refused() -> None:
     for target, drafts, draft, sampling, words in cases:
         with pytest.raises(InvalidRequestError, match=words):
             accept_drafts(target, drafts, draft, sampling, rng)
+
+
+def test_the_engines_top_k_truncates_the_target() -> None:
+    """A top_k beside Sampling (the engine's search.top_k): ids outside it never come out."""
+    logits = np.log(np.array([[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4]]))
+    q = decode_draft_dists(encode_draft_dists(np.full((1, 4), 0.25)), k=1, vocab=4)
+    rng = np.random.default_rng(8)
+    sampling = Sampling(temperature=1.0)
+    out = set()
+    for _ in range(300):
+        got = accept_drafts(logits, [2], q, sampling, rng, top_k=2)
+        assert got.accepted == 0  # p(2) = 0 under top_k 2
+        out.add(got.next_token)
+        full = accept_drafts(logits, [0], q, sampling, rng, top_k=2)
+        if full.accepted == 1:
+            out.add(100 + full.next_token)
+    assert out <= {0, 1, 102, 103} and {0, 1} <= out
+    with pytest.raises(InvalidRequestError, match="top_k"):
+        accept_drafts(logits, [2], q, sampling, rng, top_k=0)

@@ -21,7 +21,14 @@ hub's own token that follows them, so that one round always yields
   uniform rest); the proof never needs ``q`` to be the draft model's true
   distribution, only that the token was drawn from it and that acceptance and
   residual use the same one, so the device drafts from the decoded
-  ``SparseDists`` (``SparseDists.sample``) and exactness holds. A token
+  ``SparseDists`` (``SparseDists.sample``) and exactness holds. Why: a token
+  ``x`` comes out as a kept draft with probability ``q(x) * min(1, p(x)/q(x)) =
+  min(p(x), q(x))``, and as the replacement with probability ``(1 - sum
+  min(p, q)) * max(0, p(x) - q(x)) / sum max(0, p - q)``; both sums' complements
+  are equal (``sum max(0, p - q) = 1 - sum min(p, q)``), so the total is
+  ``min(p, q) + max(0, p - q) = p(x)``. Drafted from another ``q'`` (the
+  uncompressed row), the output would be off ``p`` by at most ``2 * |q' - q|_1``
+  in L1. A token
   ``q`` gives 0 (it cannot be drawn from ``q``; only a device drafting from the
   uncompressed row sends one) is kept whenever ``p`` gives it mass.
 """
@@ -143,13 +150,20 @@ def accept_drafts(
     draft: SparseDists | None,
     sampling: Sampling,
     rng: np.random.Generator,
+    *,
+    top_k: int | None = None,
 ) -> Acceptance:
     """The drafts the hub keeps and its next token (see the module docstring for the rule).
 
     ``target_logits`` [k+1, vocab], ``drafts`` k ids, ``draft`` their compressed
     distributions (may be None when greedy), ``rng`` the turn's generator (one
-    uniform per tested draft, one per drawn token). ``InvalidRequestError`` for
-    shapes, ids or distributions that do not match.
+    uniform per tested draft, one per drawn token). ``top_k``: the truncation the
+    hub's engine applies on top of ``sampling``; the hub's ``Sampling`` carries
+    none, but ONNX Runtime GenAI samples every turn with its model's
+    ``search.top_k`` from ``genai_config.json`` (50 in the models built here), so
+    a verifier that must match the engine's sampling passes that one (default:
+    ``sampling.top_k`` where a ``Sampling`` has one, else no top-k).
+    ``InvalidRequestError`` for shapes, ids or distributions that do not match.
     """
     greedy = not sampling.temperature > 0
     logits, ids = _check(target_logits, drafts, draft, greedy)
@@ -160,7 +174,10 @@ def accept_drafts(
                 return Acceptance(accepted=i, next_token=best)
         return Acceptance(accepted=len(ids), next_token=int(np.argmax(logits[len(ids)])))
     assert draft is not None  # _check
-    top_k = getattr(sampling, "top_k", None)  # the hub's Sampling has none (yet)
+    if top_k is None:
+        top_k = getattr(sampling, "top_k", None)  # the hub's Sampling has none (yet)
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise InvalidRequestError(f"top_k must be an integer >= 1, got {top_k!r}")
 
     def p_row(i: int) -> np.ndarray:
         t, p = sampling.temperature, sampling.top_p
