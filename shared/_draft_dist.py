@@ -19,7 +19,10 @@ so k=4, top=32 is 5 + 4 * 32 * (2 + 2) = 517 bytes for a vocabulary up to 65536.
 Exactness needs one thing from the device: it must draw its draft tokens from
 the *decoded* distribution (``SparseDists.sample``), the same ``q`` the hub
 will test against; drawn from the uncompressed row instead, the output is off
-p by at most twice the L1 distance between the two.
+p by at most twice the L1 distance between the two. Rows are compressed
+independently, so a device can compress each row as it drafts
+(``encode_draft_dists(row[None])``, decode, ``sample``) and send all ``k`` at
+the end: that message decodes to the very rows it drew from.
 
 ``decode_draft_dists`` checks every size against ``len(data)`` before slicing
 and every value (ids in range and unique per row, a row's mass <= 1), raising

@@ -135,3 +135,15 @@ def test_sparse_dists_validate_on_construction() -> None:
     with pytest.raises(FrameError, match="outside"):
         SparseDists(ids=np.array([[0, 4]], np.int32), probs=probs, rest=rest, vocab=4)
     assert not dists.ids.flags.writeable and ids.flags.writeable  # a read-only copy
+
+
+def test_rows_compress_alone_as_they_do_together() -> None:
+    """A device compresses each row as it drafts; the k-row message must decode to the same."""
+    rng = np.random.default_rng(5)
+    probs = softmax_rows(rng, 6, 3000, scale=0.5)
+    probs[2, :40] = probs[2, 0]  # ties across the edge of the kept ids
+    probs[2] /= probs[2].sum()
+    together = decode_draft_dists(encode_draft_dists(probs, top=32), k=6, vocab=3000)
+    for row in range(6):
+        alone = decode_draft_dists(encode_draft_dists(probs[row][None], top=32), k=1, vocab=3000)
+        assert np.array_equal(alone.dense(0), together.dense(row))
