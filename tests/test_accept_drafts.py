@@ -7,7 +7,7 @@ import pytest
 
 from cloud_hub import InvalidRequestError
 from cloud_hub.language import Acceptance, Sampling, accept_drafts, target_probs
-from shared import SparseDists, decode_draft_dists, encode_draft_dists
+from shared import SparseDists, TextSampling, decode_draft_dists, encode_draft_dists
 
 GREEDY = Sampling()
 NEG = -np.inf
@@ -249,3 +249,19 @@ def test_the_engines_top_k_truncates_the_target() -> None:
     assert out <= {0, 1, 102, 103} and {0, 1} <= out
     with pytest.raises(InvalidRequestError, match="top_k"):
         accept_drafts(logits, [2], q, sampling, rng, top_k=0)
+
+
+def test_the_wires_text_sampling_is_taken_too() -> None:
+    """shared.TextSampling: temperature None is greedy, top_p None is 1, its top_k applies."""
+    rng = np.random.default_rng(12)
+    logits = logits_with_argmax([2, 4, 1])
+    assert accept_drafts(logits, [2, 4], None, TextSampling(), rng) == Acceptance(2, 1)
+    rows = np.log(np.array([[0.4, 0.3, 0.2, 0.1], [0.1, 0.2, 0.3, 0.4]]))
+    q = decode_draft_dists(encode_draft_dists(np.full((1, 4), 0.25)), k=1, vocab=4)
+    wire = TextSampling(temperature=1.0, top_k=2)
+    for _ in range(100):
+        got = accept_drafts(rows, [2], q, wire, rng)
+        assert got.accepted == 0 and got.next_token in (0, 1)
+    kept = {accept_drafts(rows, [2], q, TextSampling(temperature=1.0), rng).accepted
+            for _ in range(100)}  # fmt: skip
+    assert kept == {0, 1}  # no top_k: id 2 has p = 0.2, q = 0.25, kept 80% of the time

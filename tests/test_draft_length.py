@@ -88,14 +88,18 @@ def feed(
         k = length.k
         kept = rng.random(k) < alpha
         accepted = k if kept.all() else int(np.argmin(kept))
-        ks.append(length.observe(rtt, k, accepted, 0.004))
+        length.observe(rtt, k, accepted, 0.004)
+        ks.append(length.k)
     return ks
 
 
 def test_draft_length_moves_toward_best_k_by_at_most_two() -> None:
     length = DraftLength(k_min=1, k_max=16, start=4)
     rng = np.random.default_rng(1)
-    ks = [4] + [length.observe(0.08, length.k, length.k, 0.004) for _ in range(8)]
+    ks = [4]
+    for _ in range(8):
+        length.observe(0.08, length.k, length.k, 0.004)
+        ks.append(length.k)
     assert ks == [4, 6, 8, 10, 12, 14, 16, 16, 16]  # every draft kept: full steps to k_max
     ks = feed(length, rng, 0.95, 0.08, 60)
     assert all(abs(b - a) <= 2 for a, b in itertools.pairwise(ks))
@@ -136,7 +140,8 @@ def test_observe_refuses_rounds_that_cannot_be() -> None:
         length.observe(math.inf, 2, 1, 0.001)
     with pytest.raises(InvalidInputError, match="drafted"):
         length.observe(0.01, -1, 0, 0.001)
-    assert length.observe(0.01, 0, 0, 0.001) == 4  # nothing drafted: nothing learned
+    length.observe(0.01, 0, 0, 0.001)
+    assert length.k == 4  # nothing drafted: nothing learned
     assert length.alpha is None
     with pytest.raises(InvalidInputError, match="start"):
         DraftLength(k_min=2, k_max=4, start=5)

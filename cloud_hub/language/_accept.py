@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shared import SparseDists
+from shared import SparseDists, TextSampling
 
 from .._errors import InvalidRequestError
 from ._options import Sampling
@@ -148,7 +148,7 @@ def accept_drafts(
     target_logits: np.ndarray,
     drafts: Sequence[int],
     draft: SparseDists | None,
-    sampling: Sampling,
+    sampling: Sampling | TextSampling,
     rng: np.random.Generator,
     *,
     top_k: int | None = None,
@@ -157,15 +157,18 @@ def accept_drafts(
 
     ``target_logits`` [k+1, vocab], ``drafts`` k ids, ``draft`` their compressed
     distributions (may be None when greedy), ``rng`` the turn's generator (one
-    uniform per tested draft, one per drawn token). ``top_k``: the truncation the
-    hub's engine applies on top of ``sampling``; the hub's ``Sampling`` carries
-    none, but ONNX Runtime GenAI samples every turn with its model's
-    ``search.top_k`` from ``genai_config.json`` (50 in the models built here), so
-    a verifier that must match the engine's sampling passes that one (default:
-    ``sampling.top_k`` where a ``Sampling`` has one, else no top-k).
+    uniform per tested draft, one per drawn token). ``sampling``: the hub's
+    ``Sampling`` or the wire's ``shared.TextSampling`` (``temperature`` None or
+    <= 0 is greedy, ``top_p`` None is 1, a ``top_k`` it has applies).
+    ``top_k``, if given, replaces that one: the hub's ``Sampling`` carries none,
+    but ONNX Runtime GenAI samples every turn with its model's ``search.top_k``
+    from ``genai_config.json`` (50 in the models built here), so a verifier that
+    must match the engine's sampling passes that one.
     ``InvalidRequestError`` for shapes, ids or distributions that do not match.
     """
-    greedy = not sampling.temperature > 0
+    temperature = sampling.temperature or 0.0
+    top_p = 1.0 if sampling.top_p is None else sampling.top_p
+    greedy = not temperature > 0
     logits, ids = _check(target_logits, drafts, draft, greedy)
     if greedy:
         for i, d in enumerate(ids):
@@ -175,13 +178,12 @@ def accept_drafts(
         return Acceptance(accepted=len(ids), next_token=int(np.argmax(logits[len(ids)])))
     assert draft is not None  # _check
     if top_k is None:
-        top_k = getattr(sampling, "top_k", None)  # the hub's Sampling has none (yet)
+        top_k = getattr(sampling, "top_k", None)  # TextSampling's; the hub's Sampling has none
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise InvalidRequestError(f"top_k must be an integer >= 1, got {top_k!r}")
 
     def p_row(i: int) -> np.ndarray:
-        t, p = sampling.temperature, sampling.top_p
-        return target_probs(logits[i], temperature=t, top_p=p, top_k=top_k)
+        return target_probs(logits[i], temperature=temperature, top_p=top_p, top_k=top_k)
 
     for i, d in enumerate(ids):
         p = p_row(i)

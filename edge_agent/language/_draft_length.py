@@ -218,8 +218,8 @@ class DraftLength:
         """The smoothed seconds from sending drafts to the reply (None before a round)."""
         return self._rtt_s
 
-    def observe(self, rtt_s: float, drafted: int, accepted: int, draft_s_per_token: float) -> int:
-        """Fold in one round and return the next ``k``."""
+    def observe(self, rtt_s: float, drafted: int, accepted: int, draft_s_per_token: float) -> None:
+        """Fold in one round; ``k`` is then the next round's draft length."""
         rtt_s = _check_seconds("rtt_s", rtt_s)
         draft_s = _check_seconds("draft_s_per_token", draft_s_per_token)
         drafted = _check_count("drafted", drafted, low=0)
@@ -236,10 +236,9 @@ class DraftLength:
         self._rounds += 1
         alpha = self.alpha
         if alpha is None:  # nothing drafted yet: nothing learned about acceptance
-            return self._k
+            return
         target = best_k(
             alpha, self._rtt_s, 0.0, self._draft_s, self.k_max, k_min=self.k_min, ahead=self.ahead
         )
         step = max(-self.max_step, min(self.max_step, target - self._k))
         self._k = max(self.k_min, min(self.k_max, self._k + step))
-        return self._k
