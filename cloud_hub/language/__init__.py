@@ -11,8 +11,11 @@ serves them (``hub.language``), ``cloud_hub.plane`` in a language executor
 process per model (``TurnEngine``: what both offer the fronts), and
 ``cloud_hub.http`` answers OpenAI's
 ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` for them.
+``accept_drafts`` is speculative decoding's verification rule (greedy, or
+rejection sampling over ``target_probs``), pure.
 """
 
+from ._accept import Acceptance, accept_drafts, target_probs
 from ._conversations import ConversationLimits
 from ._engine import LanguageEngine, check_turn
 from ._models import (
@@ -33,6 +36,7 @@ from ._vllm import VllmEngine
 __all__ = [
     "ENGINES",
     "PLATFORM",
+    "Acceptance",
     "ConversationLimits",
     "GenerationLimits",
     "LanguageConfig",
@@ -45,9 +49,11 @@ __all__ = [
     "TurnEngine",
     "TurnUpdate",
     "VllmEngine",
+    "accept_drafts",
     "check_turn",
     "engine_missing",
     "is_language_model_dir",
     "open_engine",
     "read_language_config",
+    "target_probs",
 ]
