@@ -117,3 +117,13 @@ def test_a_distilled_build_reports_its_agreement(tmp_path: Path) -> None:
     assert built.report["training"]["device"]["steps_run"] == 6
     assert built.report["training"]["hub"]["steps_run"] == recipe.steps
     assert all((m / "model.onnx").exists() for m in (built.device_model, built.hub_model))
+
+
+def test_an_intermediate_size_equal_to_the_vocabulary_is_refused() -> None:
+    # ONNX Runtime GenAI's builder exports such a model wrong (its logits are not torch's).
+    wide = dataclasses.replace(_HUB, intermediate=320)
+    with pytest.raises(ValueError, match="intermediate size 320 equals the vocabulary"):
+        dataclasses.replace(tiny_recipe(), hub=wide)
+    with pytest.raises(ValueError, match="device shape"):
+        dataclasses.replace(tiny_recipe(), device=dataclasses.replace(_DEVICE, intermediate=320))
+    assert SPECULATIVE_RECIPE.hub.intermediate != SPECULATIVE_RECIPE.vocab_size

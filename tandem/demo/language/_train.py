@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HUB_SHARE", "POOL_WINDOWS", "ModelShape", "TrainResult", "llama_config", "train_pair"]
 
-HUB_SHARE = 0.6  # of max_seconds, the hub's phase of a distilled build
+HUB_SHARE = 0.7  # of max_seconds, the hub's phase of a distilled build
 POOL_WINDOWS = 64  # training windows the hub labels for the device's distillation
 
 
