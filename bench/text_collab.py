@@ -2,7 +2,7 @@
 
 ``python -m bench text-collab`` (or ``python -m bench.text_collab [--quick]``)
 serves the speculative pair's heavy hub (``tandem.demo.language.
-speculative_pair``: ~77M parameters, FP32 on the CPU, and a device distilled
+speculative_pair``: ~84M parameters, FP32 on the CPU, and a device distilled
 from it) from one embedded hub in a process of its own, and puts the device
 (an ``EdgeAgent``) behind a user-space delay relay (``bench._delay_relay``:
 this kernel has no ``sch_netem``) at round trips of 5, 20, 50 and 100 ms. At

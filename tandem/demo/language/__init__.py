@@ -205,7 +205,7 @@ def speculative_pair(
     rebuild: bool = False,
     threads: int | None = None,
 ) -> LanguageModels:
-    """The pair for speculative decoding (:data:`SPECULATIVE_RECIPE`): a heavy hub (about 77M
+    """The pair for speculative decoding (:data:`SPECULATIVE_RECIPE`): a heavy hub (about 84M
     parameters, FP32 on the CPU) and a default-shape device distilled from it; built once
     (about 6 minutes on 2 cores) and cached like the demo pair. Its report's
     ``"agreement"`` holds the device/hub greedy next-token agreement on held-out text."""
