@@ -219,6 +219,9 @@ def report(
             "TTFT of cloud_only includes the round trip, the hub's prefill of the prompt and "
             "its first decode step; prefer_edge's is the device's own prefill and first step, "
             "with no link in the way.",
+            "cloud_only's time per token at the client is paced by the hub's MQTT chunk "
+            "coalescing as shipped (Coalescing(max_delay_s=0.02): a chunk at most every 20 ms),"
+            " so the hub's engine figure is the one the crossover uses.",
             *notes,
         ],
         "data": {
