@@ -200,7 +200,11 @@ def report(
             f"Device/hub greedy next-token agreement p = {p:.4f} over "
             f"{agreement.get('positions')} teacher-forced held-out positions "
             f"({agreement_from}); device accuracy {agreement.get('device_accuracy')}, hub "
-            f"{agreement.get('hub_accuracy')}. The crossover assumes positions agree "
+            f"{agreement.get('hub_accuracy')}. The hub's argmax takes "
+            f"{agreement.get('hub_distinct')} distinct tokens, the most common at "
+            f"{agreement.get('hub_top_share')} of the positions: a weak hub whose choices "
+            "are concentrated is agreed with more easily, so p says as much about the hub's "
+            "training as about the distillation. The crossover assumes positions agree "
             "independently with probability p and one hub pass per verification.",
             "Crossover: "
             + (
@@ -219,9 +223,9 @@ def report(
             "TTFT of cloud_only includes the round trip, the hub's prefill of the prompt and "
             "its first decode step; prefer_edge's is the device's own prefill and first step, "
             "with no link in the way.",
-            "cloud_only's time per token at the client is paced by the hub's MQTT chunk "
+            "cloud_only's time per token at the client passes through the hub's MQTT chunk "
             "coalescing as shipped (Coalescing(max_delay_s=0.02): a chunk at most every 20 ms),"
-            " so the hub's engine figure is the one the crossover uses.",
+            " which would hide a hub faster than that; the crossover uses the engine's figure.",
             *notes,
         ],
         "data": {

@@ -47,7 +47,7 @@ RTTS_MS = (5.0, 20.0, 50.0, 100.0)
 PROMPTS = 12
 MAX_TOKENS = 48
 QUICK = {"rtts": (5.0, 50.0), "prompts": 2, "max_tokens": 6}
-AGREEMENT_POSITIONS = 4096  # when the pair's report has no agreement (a pair built without it)
+AGREEMENT_POSITIONS = 8192  # held-out positions the part compares (as the build does)
 
 
 def _absent(why: str) -> dict[str, Any]:
@@ -141,19 +141,23 @@ def _quick_recipe() -> Any:
 
 
 def _agreement(models: Any) -> tuple[dict[str, Any], str]:
-    """The pair's greedy agreement: from its build report, else measured now."""
+    """The pair's greedy agreement, measured now (with how varied the hub's choices are);
+    the build report's figure, where it has one, is named beside it."""
     from tandem.demo.language import greedy_agreement, text_splits
 
-    found = models.report.get("agreement")
-    if found:
-        return dict(found), "the pair's build report"
     recipe = models.report["recipe"]
     splits = text_splits(dataclasses.replace(_quick_recipe(), **_split_fields(recipe)))
     measured = greedy_agreement(
         models.device_model, models.hub_model, splits.heldout.values(),
         context=int(recipe["context"]), eos_id=2, max_positions=AGREEMENT_POSITIONS,
     )  # fmt: skip
-    return measured, "measured by this part (the pair's report has none)"
+    built = models.report.get("agreement")
+    if built:
+        return measured, (
+            f"measured by this part; the build's report: {built['agreement']} over "
+            f"{built['positions']} positions"
+        )
+    return measured, "measured by this part (the pair's build report has none)"
 
 
 def _split_fields(recipe: dict[str, Any]) -> dict[str, Any]:

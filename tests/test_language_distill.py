@@ -113,6 +113,8 @@ def test_a_distilled_build_reports_its_agreement(tmp_path: Path) -> None:
     agreement = built.report["agreement"]
     assert 0 < agreement["positions"] <= 8192
     assert 0.0 <= agreement["agreement"] <= 1.0
+    assert 1 <= agreement["hub_distinct"] <= recipe.vocab_size
+    assert 0.0 < agreement["hub_top_share"] <= 1.0
     assert built.report["training"]["distilled"] == {"weight": recipe.distill_weight}
     assert built.report["training"]["device"]["steps_run"] == 6
     assert built.report["training"]["hub"]["steps_run"] == recipe.steps

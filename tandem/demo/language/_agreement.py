@@ -8,10 +8,16 @@ next tokens are compared. The share of positions where they are equal is the
 probability that one drafted token is accepted by a greedy verifier, given
 the text so far; a round of ``k`` drafts accepts ``p (1 - p^k) / (1 - p)``
 tokens on average when positions agree independently with probability ``p``.
+
+Agreement is only as telling as the hub is varied: a hub that answers the
+same token everywhere is agreed with trivially. So the figures also say how
+concentrated the hub's argmax is (``hub_distinct``: distinct argmax tokens;
+``hub_top_share``: the share of positions taken by the most common one).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +38,8 @@ def greedy_agreement(
     eos_id: int,
     max_positions: int = 8192,
 ) -> dict[str, Any]:
-    """``{"agreement", "positions", "device_accuracy", "hub_accuracy"}`` on ``documents``.
+    """``agreement``, ``positions``, ``device_accuracy``, ``hub_accuracy``, ``hub_distinct``
+    and ``hub_top_share`` (see the module) on ``documents``.
 
     Stops after ``max_positions`` compared positions (a heavy hub's prefill is
     the cost); ``positions`` says how many were compared. The two models must
@@ -40,6 +47,7 @@ def greedy_agreement(
     """
     device, hub = load_model(device_dir), load_model(hub_dir)
     agree = device_right = hub_right = positions = 0
+    hub_choices: Counter[int] = Counter()
     for window in _windows(hub[1], documents, context, eos_id):
         window = window[: max_positions - positions + 1]
         if len(window) < 2:
@@ -50,6 +58,7 @@ def greedy_agreement(
         agree += int(np.sum(d == h))
         device_right += int(np.sum(d == truth))
         hub_right += int(np.sum(h == truth))
+        hub_choices.update(int(t) for t in h)
         positions += len(truth)
         if positions >= max_positions:
             break
@@ -60,6 +69,8 @@ def greedy_agreement(
         "positions": positions,
         "device_accuracy": round(device_right / positions, 4),
         "hub_accuracy": round(hub_right / positions, 4),
+        "hub_distinct": len(hub_choices),
+        "hub_top_share": round(hub_choices.most_common(1)[0][1] / positions, 4),
     }
 
 
