@@ -81,6 +81,39 @@ class Link:
             error=record.error,
         )  # fmt: skip
 
+    def mqtt_round_trips(self, n: int = 20) -> list[float]:
+        """Seconds for a message from a client behind the relay to the broker and back to the
+        same client (QoS 0, subscribed to its own topic), ``n`` times after one warm-up:
+        the link's own round trip, which the relay should lengthen by ``rtt_ms``."""
+        import queue
+        import threading
+
+        import paho.mqtt.client as mqtt
+
+        topic = f"bench/ping/{uuid.uuid4().hex[:8]}"
+        got: queue.SimpleQueue[float] = queue.SimpleQueue()
+        client = mqtt.Client(callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                             client_id=f"bench-ping-{uuid.uuid4().hex[:6]}",
+                             protocol=mqtt.MQTTv5)  # fmt: skip
+        subscribed = threading.Event()
+        client.on_connect = lambda c, *_: c.subscribe(topic, qos=0)
+        client.on_subscribe = lambda *_: subscribed.set()
+        client.on_message = lambda *_: got.put(time.perf_counter())
+        client.connect("127.0.0.1", self.relay.port)
+        client.loop_start()
+        try:
+            if not subscribed.wait(30):
+                raise RuntimeError("the ping client could not subscribe through the relay")
+            times = []
+            for _ in range(n + 1):
+                sent = time.perf_counter()
+                client.publish(topic, b"ping", qos=0)
+                times.append(got.get(timeout=30) - sent)
+            return times[1:]
+        finally:
+            client.disconnect()
+            client.loop_stop()
+
     def turns(self, preset: str) -> list[Turn]:
         """Every prompt once under ``preset``, after one unmeasured warm-up turn."""
         self.turn(self.prompts[0], preset)

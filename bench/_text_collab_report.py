@@ -80,6 +80,7 @@ def _latency_table(
     results: dict[str, dict[str, dict[str, Any]]],
     rtts: Sequence[float],
     holds: dict[str, dict[str, float | None]],
+    pings: dict[str, float | None],
 ) -> dict[str, Any]:
     rows = []
     for rtt in rtts:
@@ -91,12 +92,14 @@ def _latency_table(
         rows.append([
             f"{rtt:g} ms",
             " / ".join("-" if hold.get(d) is None else f"{hold[d]:.2f}" for d in ("up", "down")),
+            _ms(pings.get(key)),
             _ms(cloud["ttft_s"]), _ms(cloud["e2e_s"]), _ms(cloud.get("hub_s_per_token")),
             _ms(cloud["client_s_per_token"]), _ms(edge["ttft_s"]), _ms(edge["e2e_s"]),
             "-" if ratio is None else f"{ratio:.3f}",
         ])  # fmt: skip
     return {"title": "Per round trip (medians over the prompts)",
-            "columns": ["round trip", "relay hold up / down (ms)", "cloud_only TTFT",
+            "columns": ["round trip", "relay hold up / down (ms)", "MQTT round trip (ping)",
+                        "cloud_only TTFT",
                         "cloud_only end-to-end", "hub time/token (engine)",
                         "cloud_only time/token (client)", "prefer_edge TTFT",
                         "prefer_edge end-to-end", "TTFT prefer_edge / cloud_only"],
@@ -161,6 +164,7 @@ def report(
     agreement: dict[str, Any],
     agreement_from: str,
     relay_holds: dict[str, dict[str, float | None]],
+    pings: dict[str, float | None],
     notes: list[str],
     quick: bool,
     prompts: int,
@@ -191,7 +195,7 @@ def report(
         "summary": summary,
         "targets": [_ttft_target(results), _hub_target(results, quick), *_absent_targets(results)],
         "tables": [
-            _latency_table(results, rtts, relay_holds),
+            _latency_table(results, rtts, relay_holds, pings),
             cross_table,
             _absent_table(results, rtts),
         ],
@@ -220,6 +224,9 @@ def report(
                 else "computed inline until edge_agent.language.crossover lands"
             )
             + ").",
+            "MQTT round trip (ping): a client behind the relay publishes to a topic it "
+            "subscribes to (QoS 0) and times the message's return, the median of 20: the "
+            "link's own round trip, which the relay lengthens by the nominal round trip.",
             "TTFT of cloud_only includes the round trip, the hub's prefill of the prompt and "
             "its first decode step; prefer_edge's is the device's own prefill and first step, "
             "with no link in the way.",
@@ -233,6 +240,7 @@ def report(
             "agreement": agreement,
             "crossover": cross_data,
             "relay_holds_ms": relay_holds,
+            "mqtt_round_trip_s": pings,
             "rtts_ms": list(rtts),
             "quick": quick,
         },

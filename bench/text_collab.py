@@ -189,6 +189,7 @@ def run(*, quick: bool = False, models: Any = None) -> dict[str, Any]:
     prompts = _prompts(models, count, max_tokens)
     results: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in ROWS}
     relay_holds: dict[str, dict[str, float | None]] = {}
+    pings: dict[str, float | None] = {}
     with (
         tempfile.TemporaryDirectory() as tmp,
         serving(models, prompts, max_tokens, Path(tmp)) as harness,
@@ -198,12 +199,14 @@ def run(*, quick: bool = False, models: Any = None) -> dict[str, Any]:
                 for name, row in ROWS.items():
                     link.results[name] = results[name][f"{rtt:g}"] = row(harness, link)
                 relay_holds[f"{rtt:g}"] = _holds(link)
+                pings[f"{rtt:g}"] = _median(list(link.mqtt_round_trips()))
         notes = list(harness.notes)
     from ._text_collab_report import report
 
     return report(
         results=results, rtts=rtts, models=models, agreement=agreement,
-        agreement_from=agreement_from, relay_holds=relay_holds, notes=notes, quick=quick,
+        agreement_from=agreement_from, relay_holds=relay_holds, pings=pings, notes=notes,
+        quick=quick,
         prompts=count, max_tokens=max_tokens, crossover=crossover_at,
     )  # fmt: skip
 

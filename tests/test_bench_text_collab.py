@@ -48,6 +48,8 @@ def test_quick_mode_writes_a_well_formed_result(tiny_language_models: Any, tmp_p
         assert all(not r["measured"] for r in result["data"]["results"]["speculative"].values())
     assert 0.0 <= result["data"]["agreement"]["agreement"] <= 1.0
     assert len(result["data"]["crossover"]) == len(rtts)
+    pings = result["data"]["mqtt_round_trip_s"]
+    assert list(pings) == rtts and all(p is not None and p > 0 for p in pings.values())
     result.update(duration_s=1.0, hardware={"cpu_model": "cpu", "logical_cpus": 2,
                                             "python": "3", "date_utc": "today"})  # fmt: skip
     path = write_result(result, tmp_path)
