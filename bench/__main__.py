@@ -25,6 +25,7 @@ PARTS = {
     "hub-generate": "bench.hub_generate",  # (h2): the hub's engine over HTTP, kept KV caches
     "text-hub-kills": "bench.text_hub_kills",  # (h): 100 turns, the hub SIGKILLed mid-stream
     "text-stream-tpot": "bench.text_stream_tpot",  # (h): MQTT vs HTTP SSE time per token
+    "text-collab": "bench.text_collab",  # (i): a delayed link, cloud vs edge, the crossover
 }
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._agreement import greedy_agreement
 from ._corpus import EOS, corpus_digest, load_text_splits, save_tokenizer, train_tokenizer
 from ._export import export_genai
 from ._runtime import greedy_generate, heldout_figures, load_model
@@ -60,6 +61,8 @@ def build_into(
                     max_seconds=recipe.max_train_seconds,
                     seed=recipe.seed,
                     progress=step,
+                    distill=recipe.distill_weight if recipe.distill else None,
+                    device_steps=recipe.device_steps,
                 )
         finally:
             torch.set_num_threads(threads_before)
@@ -92,6 +95,13 @@ def build_into(
             )
             speed[which] = _speed(model_dir, next(iter(splits.heldout.values())), recipe.context)
             step((n + 1) / 2)
+    agreement: dict[str, Any] = {}
+    if recipe.distill and all(targets[w][1] == "cpu" for w in ("device", "hub")):
+        with _stage("measure device/hub agreement", "agreement", timings, progress):
+            agreement = greedy_agreement(
+                paths["device_model"], paths["hub_model"], splits.heldout.values(),
+                context=recipe.context, eos_id=eos,
+            )  # fmt: skip
     timings["total"] = round(time.perf_counter() - started, 3)
     return {
         "recipe": dataclasses.asdict(recipe),
@@ -109,6 +119,7 @@ def build_into(
             "steps_planned": recipe.steps,
             "stopped_by": stopped_by,
             "torch_threads": threads,
+            **({"distilled": {"weight": recipe.distill_weight}} if recipe.distill else {}),
             **{
                 w: {
                     "steps_run": r.steps_run,
@@ -121,6 +132,7 @@ def build_into(
         "bytes": {w: _size(paths[f"{w}_model"]) for w in ("device", "hub")},
         "heldout": heldout,
         "greedy": speed,
+        **({"agreement": agreement} if agreement else {}),
         "timings_s": timings,
         "versions": {m: _version(m) for m in _VERSIONED},
     }

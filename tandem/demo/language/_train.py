@@ -9,6 +9,16 @@ lockstep, one step each in turn, for ``steps`` steps or until
 the learning-rate schedule follows whichever is nearer to its end):
 the hub model therefore never gets fewer steps than the device model, however
 busy the machine is, and the time bound holds for the pair.
+
+With ``distill`` (a weight in ``(0, 1]``) the pair trains one after the other
+instead, for a device that agrees with the hub (a speculative-decoding draft):
+the hub first, alone, for ``steps`` steps or ``HUB_SHARE`` of ``max_seconds``;
+then the hub (frozen, FP32, in torch) gives its temperature-1 log-probabilities
+on a pool of up to ``POOL_WINDOWS`` training windows, and the device trains on
+that pool for ``device_steps`` steps (or the rest of the time) on
+``distill * KL(hub || device) + (1 - distill) * cross-entropy`` to the text.
+The pool is computed once because a heavy hub's forward pass costs a hundred
+device steps.
 """
 
 from __future__ import annotations
@@ -25,7 +35,10 @@ if TYPE_CHECKING:
     import torch
     from transformers import LlamaForCausalLM
 
-__all__ = ["ModelShape", "TrainResult", "llama_config", "train_pair"]
+__all__ = ["HUB_SHARE", "POOL_WINDOWS", "ModelShape", "TrainResult", "llama_config", "train_pair"]
+
+HUB_SHARE = 0.7  # of max_seconds, the hub's phase of a distilled build
+POOL_WINDOWS = 64  # training windows the hub labels for the device's distillation
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,23 +130,52 @@ class _Trainer:
 
     def step(self, done: float) -> None:
         """One update at learning rate ``lr * schedule(done)``, ``done`` the budget spent (0..1)."""
+        import torch.nn.functional as F
+
+        started = time.perf_counter()
+        window = self.windows(self.shape.batch_size)
+        logits = self.model(input_ids=window[:, :-1]).logits
+        loss = F.cross_entropy(logits.reshape(-1, self.vocab), window[:, 1:].reshape(-1))
+        self._update(done, loss)
+        self.seconds += time.perf_counter() - started
+
+    def distill_step(
+        self, done: float, pool: torch.Tensor, teacher: torch.Tensor, weight: float
+    ) -> None:
+        """One update on a batch of the pool's windows: ``weight`` * KL to the teacher's
+        log-probabilities ``teacher`` (float16, pool x context x vocab) + the rest * CE."""
         import torch
         import torch.nn.functional as F
 
         started = time.perf_counter()
+        pick = torch.randint(0, len(pool), (self.shape.batch_size,), generator=self.generator)
+        window = pool[pick]
+        logits = self.model(input_ids=window[:, :-1]).logits.reshape(-1, self.vocab)
+        log_p = F.log_softmax(logits, dim=-1)
+        target = teacher[pick].reshape(-1, self.vocab).float()
+        kl = F.kl_div(log_p, target, log_target=True, reduction="batchmean")
+        ce = F.nll_loss(log_p, window[:, 1:].reshape(-1))
+        self._update(done, weight * kl + (1.0 - weight) * ce)
+        self.seconds += time.perf_counter() - started
+
+    def windows(self, n: int) -> torch.Tensor:
+        """``n`` random windows of ``context + 1`` tokens of the training stream."""
+        import torch
+
+        high = len(self.stream) - self.context - 1
+        starts = torch.randint(0, high, (n,), generator=self.generator)
+        return self.stream[starts[:, None] + self.offsets[None, :]]
+
+    def _update(self, done: float, loss: torch.Tensor) -> None:
+        import torch
+
         for group in self.optimizer.param_groups:
             group["lr"] = self.shape.lr * _lr_factor(done)
-        high = len(self.stream) - self.context - 1
-        starts = torch.randint(0, high, (self.shape.batch_size,), generator=self.generator)
-        window = self.stream[starts[:, None] + self.offsets[None, :]]
-        logits = self.model(input_ids=window[:, :-1]).logits
-        loss = F.cross_entropy(logits.reshape(-1, self.vocab), window[:, 1:].reshape(-1))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.optimizer.step()
         self.losses.append(float(loss.detach()))
-        self.seconds += time.perf_counter() - started
 
     def result(self) -> TrainResult:
         tail = self.losses[-max(1, len(self.losses) // 10) :] or [math.nan]
@@ -156,10 +198,16 @@ def train_pair(
     max_seconds: float,
     seed: int,
     progress: Callable[[float], None],
+    distill: float | None = None,
+    device_steps: int | None = None,
 ) -> tuple[dict[str, TrainResult], str]:
     """Train one model per shape from fresh weights, in lockstep, on the token stream ``tokens``.
 
-    Returns the results by name and what stopped training: ``"steps"`` or ``"time"``.
+    Returns the results by name and what stopped training: ``"steps"`` or ``"time"``
+    (``"time"`` when either phase of a distilled build ran out of its time).
+    ``distill`` (needs shapes named ``"device"`` and ``"hub"``): train the hub,
+    then the device on its soft targets, as the module says; ``device_steps``
+    (default ``steps``) bounds the device's phase.
     """
     import torch
 
@@ -170,6 +218,14 @@ def train_pair(
         name: _Trainer(shape, stream, vocab=vocab_size, context=context, seed=seed + i)
         for i, (name, shape) in enumerate(shapes.items())
     }
+    if distill is not None:
+        if set(trainers) != {"device", "hub"} or not 0.0 < distill <= 1.0:
+            raise ValueError("distill needs a device and a hub shape and a weight in (0, 1]")
+        stopped = _distill(
+            trainers["hub"], trainers["device"], steps=steps, device_steps=device_steps or steps,
+            max_seconds=max_seconds, weight=distill, progress=progress,
+        )  # fmt: skip
+        return {name: t.result() for name, t in trainers.items()}, stopped
     started = time.perf_counter()
     stopped_by = "steps"
     progress(0.0)
@@ -185,6 +241,57 @@ def train_pair(
             trainer.step(done)
         progress((step + 1) / steps)
     return {name: t.result() for name, t in trainers.items()}, stopped_by
+
+
+def _distill(
+    hub: _Trainer,
+    device: _Trainer,
+    *,
+    steps: int,
+    device_steps: int,
+    max_seconds: float,
+    weight: float,
+    progress: Callable[[float], None],
+) -> str:
+    """The hub alone, then its soft targets on a pool, then the device on them (see above)."""
+    import torch
+
+    progress(0.0)
+    stopped = "steps"
+    hub_seconds = max_seconds * HUB_SHARE
+    started = time.perf_counter()
+    for step in range(steps):
+        elapsed = time.perf_counter() - started
+        if elapsed > hub_seconds:
+            stopped = "time"
+            break
+        hub.step(max(step / steps, elapsed / hub_seconds))
+        progress(0.5 * (step + 1) / steps)
+    hub.model.eval()
+    pool_parts: list[torch.Tensor] = []
+    teacher_parts: list[torch.Tensor] = []
+    with torch.no_grad():
+        while sum(int(p.shape[0]) for p in pool_parts) < POOL_WINDOWS:
+            window = device.windows(hub.shape.batch_size)
+            logits = hub.model(input_ids=window[:, :-1]).logits
+            pool_parts.append(window)
+            teacher_parts.append(torch.log_softmax(logits.float(), dim=-1).half())
+            if time.perf_counter() - started > max_seconds * (1 + HUB_SHARE) / 2:
+                break  # a slow hub: fewer windows, the device's phase keeps its time
+    hub.model.train()
+    pool, teacher = torch.cat(pool_parts), torch.cat(teacher_parts)
+    device_started = time.perf_counter()
+    device_seconds = max(max_seconds - (device_started - started), 1e-3)
+    for step in range(device_steps):
+        elapsed = time.perf_counter() - device_started
+        if elapsed > device_seconds:
+            stopped = "time"
+            break
+        device.distill_step(
+            max(step / device_steps, elapsed / device_seconds), pool, teacher, weight
+        )
+        progress(0.5 + 0.5 * (step + 1) / device_steps)
+    return stopped
 
 
 _WARMUP = 0.05  # of the budget
