@@ -19,6 +19,7 @@ when it loads), anything else on ONNX Runtime GenAI.
 from ._chat import Conversation, render_turn
 from ._cloud import CloudTextSettings
 from ._confidence import (
+    WINDOW_SCORES,
     ScoreWindow,
     StepScore,
     WindowStats,
@@ -53,6 +54,7 @@ from ._text_budget import (
 __all__ = [
     "PROMPT_FEATURES",
     "UNITS",
+    "WINDOW_SCORES",
     "AsyncTextStream",
     "CloudTextSettings",
     "Conversation",
