@@ -439,9 +439,10 @@ class TextStream(Iterator[TextChunk]):
     def _finish(self, reason: FinishReason) -> None:
         if self._leg is not None:
             self._leg.cancel()  # a no-op once the hub's final came
-            if self._generator is None and self._prefilled_at == 0.0:  # the hub's turn only
-                self._end_cloud_turn(reason)
-                return
+        hub_leg = self._handoff_at is not None or (self._leg and not self._prefilled_at)
+        if self._generator is None and hub_leg:  # the hub's turn, or its handed-off part
+            self._end_cloud_turn(reason)
+            return
         prefilled = self._prefilled_at != 0.0
         if not prefilled:
             self._prefilled_at = _now()  # closed before the prefill ran
