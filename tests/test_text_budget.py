@@ -123,3 +123,12 @@ def test_observe_only_turns_leave_their_traces_for_calibration() -> None:
     assert policy.realized_share is None  # not counted
     with pytest.raises(ValueError, match="calibrate_traces"):
         HandoffPolicy(budget=0.2, unit="tokens").calibrate([0.1])
+
+
+def test_a_budget_all_on_the_prompt_never_hands_off_mid_turn() -> None:
+    policy = HandoffPolicy(budget=0.3, unit="tokens", prompt_share=1.0)
+    policy.calibrate_traces(turns(300, seed=1))
+    positions = [replay(policy, t) for t in turns(2000, seed=5, shift=0.8)]
+    assert set(positions) == {0, None}  # whole turns, or none
+    share = policy.realized_share
+    assert share is not None and share == pytest.approx(0.3, abs=0.02)

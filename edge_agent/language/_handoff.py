@@ -28,7 +28,9 @@ re-taken every ``refresh_every`` turns, with ``u`` moved by
 the hub's share of its tokens in tokens, where ``step`` is scaled by the
 turn's length over the mean length, at most 4x, so long turns weigh more);
 the prompt threshold follows its own level the same way, toward
-``budget * prompt_share``, on the prompt scores of every turn. A handed-off turn's peak
+``budget * prompt_share`` (routed turns), on the prompt scores of every turn,
+and the window's toward the whole budget (so it makes up for the prompt
+part's noise), or stays at 0 when the prompt has all of it. A handed-off turn's peak
 is only known up to the handoff (it is at least the threshold), which keeps
 its side of the quantile; ``u`` absorbs the rest. The threshold a turn is
 compared with is the one in force when it started.
@@ -283,7 +285,11 @@ class HandoffPolicy:
             self._prompt_level = next_level(
                 self._prompt_level, target, self.step * weight, float(routed)
             )
-            self._level = next_level(self._level, self.budget, self.step * weight, hub)
+            # The handoff holds the total (it makes up for the prompt part's noise) unless
+            # the whole budget is the prompt's: then it never hands off.
+            rest, total = self.budget - target, self.budget
+            total = total if rest > 0 else 0.0
+            self._level = next_level(self._level, total, self.step * weight, hub)
             self._since_refresh += 1
             if self._since_refresh < self.refresh_every:
                 return
