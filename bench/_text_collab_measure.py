@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from edge_agent.language import PromptRouter
+
 from ._text_collab_data import HubContinuations, TurnData, collect_turns, cut_turns
 from ._text_collab_quality import (
     accuracy_at,
@@ -38,14 +40,22 @@ from ._text_collab_score import prompt_score_methods
 __all__ = ["LENGTHS", "measure_text_collaboration"]
 
 LENGTHS = (8, 16, 24, 32, 48, 64, 80, 96)
+LEARNED = "prompt (learned)"
 _RANDOM_DRAWS = 50
 
 
-def _traces(turns: Sequence[TurnData], kind: str, score: str, window: int) -> list[Any]:
+def _traces(
+    turns: Sequence[TurnData],
+    kind: str,
+    score: str,
+    window: int,
+    router: PromptRouter | None = None,
+) -> list[Any]:
+    """Turns as the policy sees them; ``router``: its value is the prompt score."""
     return [
         trace_of(
             t.forced_steps if kind == "forced" else t.generated_steps,
-            t.score.mean_nll if t.score.tokens else None,
+            (t.score.mean_nll if router is None else router(t.score)) if t.score.tokens else None,
             score=score,
             window=window,
         )
@@ -59,6 +69,7 @@ def _accuracy_rows(
     budgets: Sequence[float],
     score: str,
     window: int,
+    router: PromptRouter | None = None,
 ) -> dict[str, Any]:
     dev = [t.device_right for t in test]
     hub = [t.hub_right for t in test]
@@ -68,6 +79,13 @@ def _accuracy_rows(
         s: (_traces(calibration, "forced", s, window), _traces(test, "forced", s, window))
         for s in {r[1] for r in routers(score).values()}
     }
+    named = dict(routers(score))
+    if router is not None:
+        named[LEARNED] = (1.0, score)
+        traces[LEARNED] = (
+            _traces(calibration, "forced", score, window, router),
+            _traces(test, "forced", score, window, router),
+        )
     rows: dict[str, list[dict[str, float]]] = {}
     rng = np.random.default_rng(0)
 
@@ -76,8 +94,8 @@ def _accuracy_rows(
         return np.cumsum(diff[::-1])[::-1]  # gain of handing off at j: sum of diff[j:]
 
     for budget in budgets:
-        for name, (share, by) in routers(score).items():
-            cal, trs = traces[by]
+        for name, (share, by) in named.items():
+            cal, trs = traces[name if name == LEARNED else by]
             at, _ = routed_positions(
                 cal, trs, budget=budget, prompt_share=share, score=by, window=window
             )
@@ -130,6 +148,7 @@ def _loglik_rows(
     budgets: Sequence[float],
     score: str,
     window: int,
+    router: PromptRouter | None = None,
 ) -> dict[str, Any]:
     hub = HubContinuations(hub_model, test)
     lengths = [len(t.generated) for t in test]
@@ -142,12 +161,19 @@ def _loglik_rows(
         s: (_traces(calibration, "generated", s, window), _traces(test, "generated", s, window))
         for s in {r[1] for r in routers(score).values()}
     }
+    named = dict(routers(score))
+    if router is not None:
+        named[LEARNED] = (1.0, score)
+        traces[LEARNED] = (
+            _traces(calibration, "generated", score, window, router),
+            _traces(test, "generated", score, window, router),
+        )
     whole = np.array([hub.loglik(i, 0) - hub.loglik(i, None) for i in range(len(test))])
     rows: dict[str, list[dict[str, float]]] = {}
     rng = np.random.default_rng(0)
     for budget in budgets:
-        for name, (share, by) in routers(score).items():
-            cal, trs = traces[by]
+        for name, (share, by) in named.items():
+            cal, trs = traces[name if name == LEARNED else by]
             at, _ = routed_positions(
                 cal, trs, budget=budget, prompt_share=share, score=by, window=window
             )
@@ -208,6 +234,7 @@ def measure_text_collaboration(
     score: str = "mean_entropy",
     window: int = 4,
     other_limit: int = 400,
+    fit_limit: int = 400,
     lengths: Sequence[int] = LENGTHS,
     limit: int | None = None,
 ) -> dict[str, Any]:
@@ -217,7 +244,8 @@ def measure_text_collaboration(
     and ``hub_loglik`` (part b), each ``{"edge", "hub", "routers": {name: [{"budget",
     "hub_token_share", "value", "gap_recovered"}, ...]}}``, routers ``handoff``,
     ``handoff/<window score>`` for each, ``prompt``, ``prompt+handoff/<score>``,
-    ``random``, an oracle; ``budget_adherence``
+    ``prompt (learned)`` (a ``PromptRouter`` fitted on ``fit_limit`` training-document
+    turns, per measure, its weights in ``learned``), ``random``, an oracle; ``budget_adherence``
     (``"<split>/<unit>/<adapt|frozen>": {"share", "off_by_points", "turns"}`` at
     ``budget`` with half of it on the prompt, splits ``heldout``, ``longer_prompts``,
     ``other_documents``); ``target`` (the issue's: >= 90% of the gap with <= 30% of
@@ -252,11 +280,16 @@ def measure_text_collaboration(
         models.hub_model,
         cut(other_docs, 24, other_limit),
     )
+    fit_docs = {k: list(tokenizer.encode(v)) for k, v in sorted(splits.train.items())[3::7]}
+    fit = collect_turns(models.device_model, models.hub_model, cut(fit_docs, 24, fit_limit))
+    learned = _fit_routers(fit, models.hub_model)
     middle = sorted(lengths)[len(lengths) // 2]
     short = [t for t in calibration if len(t.prompt) < middle]
     long = [t for t in test if len(t.prompt) >= middle]
-    accuracy = _accuracy_rows(calibration, test, budgets, score, window)
-    loglik = _loglik_rows(calibration, test, models.hub_model, budgets, score, window)
+    accuracy = _accuracy_rows(calibration, test, budgets, score, window, learned["accuracy"])
+    loglik = _loglik_rows(
+        calibration, test, models.hub_model, budgets, score, window, learned["hub_loglik"]
+    )
     adherence = _adherence(
         {
             "heldout": (calibration, test),
@@ -268,12 +301,19 @@ def measure_text_collaboration(
         window,
     )
     return {
+        "learned": {
+            k: None
+            if r is None
+            else {"weights": [round(float(w), 4) for w in r.weights], "l2": r.l2}
+            for k, r in learned.items()
+        },
         "turns": {
             "calibration": len(calibration),
             "test": len(test),
             "short": len(short),
             "long": len(long),
             "other": len(other),
+            "router_fit": len(fit),
         },
         "accuracy": accuracy,
         "hub_loglik": loglik,
@@ -297,13 +337,32 @@ def measure_text_collaboration(
     }
 
 
+def _fit_routers(turns: Sequence[TurnData], hub_model: Any) -> dict[str, PromptRouter | None]:
+    """A ``PromptRouter`` per measure, fitted on training-document turns: the hub's gain in
+    teacher-forced accuracy, and in its log-likelihood of a whole turn; ``None`` where every
+    turn had the same outcome."""
+    scored = [t for t in turns if t.score.tokens]
+    hub = HubContinuations(hub_model, scored)
+    gains = {
+        "accuracy": [float(t.hub_right.sum()) - float(t.device_right.sum()) for t in scored],
+        "hub_loglik": [hub.loglik(i, 0) - hub.loglik(i, None) for i in range(len(scored))],
+    }
+    out: dict[str, PromptRouter | None] = {}
+    for key, gain in gains.items():
+        try:
+            out[key] = PromptRouter.fit([t.score for t in scored], gain)
+        except ValueError:
+            out[key] = None
+    return out
+
+
 def _target(
     accuracy: dict[str, Any], loglik: dict[str, Any], budget: float, score: str
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"wanted": ">= 90% of the gap with <= 30% of tokens from the hub"}
     for key, part in (("accuracy", accuracy), ("hub_loglik", loglik)):
         best = None
-        for name in routers(score):
+        for name in [n for n in (*routers(score), LEARNED) if n in part["routers"]]:
             for row in part["routers"][name]:
                 if row["budget"] == budget and (best is None or row["gap_recovered"] > best[1]):
                     best = (name, row["gap_recovered"], row["hub_token_share"])

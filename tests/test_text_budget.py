@@ -115,7 +115,7 @@ def test_observe_only_turns_leave_their_traces_for_calibration() -> None:
     policy = HandoffPolicy(budget=0.25, window=2)
     watch = policy.watch(observe=False)
     assert watch.wants_prompt
-    assert not watch.prompt_value(5.0)
+    assert not watch.decide_prompt(5.0)
     for value in (0.1, 0.9, 0.3):
         assert not watch.push_value(value)
     watch.end(False, tokens=6, hub_tokens=0)

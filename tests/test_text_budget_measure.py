@@ -47,7 +47,7 @@ def test_the_oracle_hands_off_once_per_turn_within_the_share() -> None:
 def test_measure_text_collaboration_on_the_tiny_pair(tiny_language_models: Any) -> None:
     out = measure_text_collaboration(
         tiny_language_models, budget=0.3, budgets=(0.3,), max_tokens=6, stride=200,
-        lengths=(8, 12, 16), limit=24, other_limit=12,
+        lengths=(8, 12, 16), limit=24, other_limit=12, fit_limit=24,
     )  # fmt: skip
     assert out["turns"]["test"] > 0 and out["turns"]["calibration"] > 0
     for part in ("accuracy", "hub_loglik"):

@@ -31,6 +31,7 @@ from ._handoff import HandoffPolicy, TurnWatch, replay, turn_peak
 from ._litert_runtime import LiteRTLanguageRuntime
 from ._loader import load_language_runtime
 from ._presets import DeviceRates, Preset, TextRoute, is_heavy, predicted_ms, route_text
+from ._prompt_router import PromptRouter
 from ._prompt_score import PROMPT_FEATURES, PromptScore, prompt_score
 from ._runtime import LanguageRuntime
 from ._stream import (
@@ -65,6 +66,7 @@ __all__ = [
     "LanguageRuntime",
     "LiteRTLanguageRuntime",
     "Preset",
+    "PromptRouter",
     "PromptScore",
     "Sampling",
     "ScoreWindow",

@@ -77,7 +77,7 @@ def replay(policy: HandoffPolicy, trace: TurnTrace) -> int | None:
     on the device. The hub is taken to write the rest of the trace's ``tokens``."""
     watch = policy.watch()
     at: int | None = None
-    if trace.prompt is not None and watch.prompt_value(trace.prompt):
+    if trace.prompt is not None and watch.decide_prompt(trace.prompt):
         at = 0
     else:
         offset = trace.tokens - len(trace.windows)
@@ -97,7 +97,8 @@ class HandoffPolicy:
     ``"tokens"``, in [0, 1], then calibrate); ``score`` is one of ``mean_logprob``,
     ``min_prob``, ``mean_entropy``; ``window`` the tokens scored together.
     ``prompt_share`` of the budget goes to routing whole turns on their prompt score
-    (``_prompt_score``; with a fixed ``threshold``, give ``prompt_threshold``).
+    (``_prompt_score``; with a fixed ``threshold``, give ``prompt_threshold``): its
+    log-perplexity, or ``prompt_router(score)`` when given (``PromptRouter``).
     """
 
     def __init__(
@@ -110,6 +111,7 @@ class HandoffPolicy:
         unit: str = "turns",
         prompt_share: float = 0.0,
         prompt_threshold: float | None = None,
+        prompt_router: Callable[[PromptScore], float] | None = None,
         adapt: bool = True,
         history: int = 256,
         refresh_every: int = 16,
@@ -138,6 +140,7 @@ class HandoffPolicy:
         self.budget = budget
         self.unit = unit
         self.prompt_share = prompt_share if budget is not None else 0.0
+        self.prompt_router = prompt_router
         self.adapt = adapt and budget is not None
         self.refresh_every = refresh_every
         self.step = step
@@ -323,7 +326,7 @@ class TurnWatch:
         self.tokens = 0
         self.peak: float | None = None
         self.prompt_score: PromptScore | None = None
-        self._prompt_nll: float | None = None
+        self._prompt_value: float | None = None
         self.handed_off = False
         self.routed = False
         self._ended = False
@@ -335,19 +338,28 @@ class TurnWatch:
 
     @property
     def prompt_nll(self) -> float | None:
-        """The prompt's score (mean NLL) once scored; ``None`` without one."""
-        return self._prompt_nll
+        """The prompt's mean NLL once scored (``None`` without a score)."""
+        score = self.prompt_score
+        return self._prompt_value if score is None else score.mean_nll if score.tokens else None
+
+    @property
+    def prompt_value(self) -> float | None:
+        """What the prompt threshold was compared with: the NLL or the router's value."""
+        return self._prompt_value
 
     def prompt(self, score: PromptScore) -> bool:
         """The prompt's score (``_prompt_score``); True: route the whole turn to the hub.
         A prompt with nothing scored (one token) is never routed."""
         self.prompt_score = score
-        return score.tokens > 0 and self.prompt_value(score.mean_nll)
+        if score.tokens == 0:
+            return False
+        router = self.policy.prompt_router
+        return self.decide_prompt(score.mean_nll if router is None else router(score))
 
-    def prompt_value(self, nll: float) -> bool:
-        """A prompt's mean NLL (what ``prompt`` reads); True: route the turn to the hub."""
-        self._prompt_nll = nll
-        self.routed = nll > self.prompt_threshold
+    def decide_prompt(self, value: float) -> bool:
+        """A prompt's score (what ``prompt`` computes); True: route the turn to the hub."""
+        self._prompt_value = value
+        self.routed = value > self.prompt_threshold
         return self.routed
 
     def push(self, step: StepScore) -> bool:
@@ -366,7 +378,7 @@ class TurnWatch:
     def trace(self, tokens: int | None = None) -> TurnTrace:
         """What this turn saw, as a calibration turn (``tokens``: its whole length, which
         counts the tokens never scored: the end-of-sequence one, the last one)."""
-        prompt = self.prompt_nll
+        prompt = self._prompt_value
         length = max(tokens or 0, self.tokens, len(self._values))
         return TurnTrace(length, tuple(self._values), prompt)
 
@@ -383,7 +395,7 @@ class TurnWatch:
             self.policy.measured.append(self.trace(tokens))
             return
         self.policy.record(
-            self.peak, self.handed_off, routed=self.routed, prompt=self.prompt_nll,
+            self.peak, self.handed_off, routed=self.routed, prompt=self._prompt_value,
             tokens=tokens, hub_tokens=hub_tokens,
         )  # fmt: skip
 
