@@ -120,6 +120,8 @@ def test_observe_only_turns_leave_their_traces_for_calibration() -> None:
         assert not watch.push_value(value)
     watch.end(False, tokens=6, hub_tokens=0)
     assert list(policy.measured) == [TurnTrace(6, (0.1, 0.9, 0.3), 5.0)]
+    policy.watch(observe=False).end(False, tokens=9, hub_tokens=9)  # the hub served it all
+    assert len(policy.measured) == 1  # nothing the device saw: no trace
     assert policy.realized_share is None  # not counted
     with pytest.raises(ValueError, match="calibrate_traces"):
         HandoffPolicy(budget=0.2, unit="tokens").calibrate([0.1])

@@ -392,7 +392,8 @@ class TurnWatch:
         self._ended = True
         self.handed_off = handed_off and not self.routed
         if not self._observe:
-            self.policy.measured.append(self.trace(tokens))
+            if self.tokens or self._prompt_value is not None:  # the device ran it: a trace
+                self.policy.measured.append(self.trace(tokens))
             return
         self.policy.record(
             self.peak, self.handed_off, routed=self.routed, prompt=self._prompt_value,
