@@ -16,6 +16,7 @@ better: lower scores throughout).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,6 +29,7 @@ from ._text_collab_data import HubContinuations, TurnData, collect_turns, cut_tu
 from ._text_collab_quality import (
     accuracy_at,
     gap_recovered,
+    gap_se,
     oracle_positions,
     random_positions,
     routed_positions,
@@ -89,6 +91,12 @@ def _accuracy_rows(
     rows: dict[str, list[dict[str, float]]] = {}
     rng = np.random.default_rng(0)
 
+    def per_turn(at: Sequence[int | None]) -> np.ndarray:
+        ends = [len(d) if j is None else j for d, j in zip(dev, at, strict=True)]
+        return np.array([d[:j].sum() + h[j:].sum() for d, h, j in zip(dev, hub, ends, strict=True)])
+
+    edges, tops = per_turn([None] * len(test)), per_turn([0] * len(test))
+
     def gains(i: int) -> np.ndarray:
         diff = hub[i].astype(int) - dev[i].astype(int)
         return np.cumsum(diff[::-1])[::-1]  # gain of handing off at j: sum of diff[j:]
@@ -99,8 +107,9 @@ def _accuracy_rows(
             at, _ = routed_positions(
                 cal, trs, budget=budget, prompt_share=share, score=by, window=window
             )
+            se = gap_se(per_turn(at), edges, tops)
             rows.setdefault(name, []).append(
-                _row(budget, lengths, at, accuracy_at(dev, hub, at), edge, top)
+                _row(budget, lengths, at, accuracy_at(dev, hub, at), edge, top, se)
             )
         draws = [
             accuracy_at(dev, hub, random_positions(lengths, budget, rng))
@@ -132,12 +141,14 @@ def _row(
     value: float,
     edge: float,
     hub: float,
+    se: float = math.nan,
 ) -> dict[str, float]:
     return {
         "budget": budget,
         "hub_token_share": round(token_share(lengths, at), 4),
         "value": round(value, 5),
         "gap_recovered": round(gap_recovered(value, edge, hub), 4),
+        "gap_se": round(se, 4),
     }
 
 
@@ -156,7 +167,11 @@ def _loglik_rows(
     def quality(at: Sequence[int | None]) -> float:
         return float(np.mean([hub.loglik(i, j) for i, j in enumerate(at)]))
 
-    edge, top = quality([None] * len(test)), quality([0] * len(test))
+    def per_turn(at: Sequence[int | None]) -> np.ndarray:
+        return np.array([hub.loglik(i, j) for i, j in enumerate(at)])
+
+    edges, tops = per_turn([None] * len(test)), per_turn([0] * len(test))
+    edge, top = float(edges.mean()), float(tops.mean())
     traces = {
         s: (_traces(calibration, "generated", s, window), _traces(test, "generated", s, window))
         for s in {r[1] for r in routers(score).values()}
@@ -177,7 +192,11 @@ def _loglik_rows(
             at, _ = routed_positions(
                 cal, trs, budget=budget, prompt_share=share, score=by, window=window
             )
-            rows.setdefault(name, []).append(_row(budget, lengths, at, quality(at), edge, top))
+            q = per_turn(at)
+            se = gap_se(q, edges, tops)
+            rows.setdefault(name, []).append(
+                _row(budget, lengths, at, float(q.mean()), edge, top, se)
+            )
         draws = [quality(random_positions(lengths, budget, rng)) for _ in range(10)]
         rows.setdefault("random", []).append(
             {
@@ -242,8 +261,9 @@ def measure_text_collaboration(
 
     Keys: ``turns`` (calibration, test, short, long, other counts); ``accuracy`` (part a)
     and ``hub_loglik`` (part b), each ``{"edge", "hub", "routers": {name: [{"budget",
-    "hub_token_share", "value", "gap_recovered"}, ...]}}``, routers ``handoff``,
-    ``handoff/<window score>`` for each, ``prompt``, ``prompt+handoff/<score>``,
+    "hub_token_share", "value", "gap_recovered", "gap_se"}, ...]}}`` (``gap_se``: a
+    bootstrap standard error over the test turns), routers ``handoff/<window score>``
+    for each, ``prompt``, ``prompt+handoff/<score>``,
     ``prompt (learned)`` (a ``PromptRouter`` fitted on ``fit_limit`` training-document
     turns, per measure, its weights in ``learned``), ``random``, an oracle; ``budget_adherence``
     (``"<split>/<unit>/<adapt|frozen>": {"share", "off_by_points", "turns"}`` at

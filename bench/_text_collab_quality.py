@@ -52,6 +52,7 @@ from edge_agent.language import (
 __all__ = [
     "accuracy_at",
     "gap_recovered",
+    "gap_se",
     "oracle_positions",
     "random_positions",
     "routed_positions",
@@ -135,6 +136,21 @@ def accuracy_at(
 def gap_recovered(value: float, edge: float, hub: float) -> float:
     """(value - edge) / (hub - edge); NaN when the hub is no better than the edge."""
     return (value - edge) / (hub - edge) if hub > edge else math.nan
+
+
+def gap_se(
+    values: np.ndarray, edge: np.ndarray, hub: np.ndarray, *, draws: int = 200, seed: int = 0
+) -> float:
+    """Bootstrap standard error, over turns, of the gap recovered sum(values - edge) /
+    sum(hub - edge) (per-turn quality under a policy, edge only and hub only); the turns
+    are the sample, and resamples whose gap is not positive are left out."""
+    v, e, h = (np.asarray(a, dtype=np.float64) for a in (values, edge, hub))
+    if len(v) < 2:
+        return math.nan
+    index = np.random.default_rng(seed).integers(0, len(v), size=(draws, len(v)))
+    num, den = (v - e)[index].sum(axis=1), (h - e)[index].sum(axis=1)
+    ok = den > 0
+    return float(np.std(num[ok] / den[ok], ddof=1)) if ok.sum() > 1 else math.nan
 
 
 def random_positions(

@@ -17,6 +17,7 @@ from bench._text_collab_measure import measure_text_collaboration
 from bench._text_collab_quality import (
     accuracy_at,
     gap_recovered,
+    gap_se,
     oracle_positions,
     random_positions,
     token_share,
@@ -32,6 +33,15 @@ def test_a_position_is_the_device_s_before_the_handoff_and_the_hub_s_after() -> 
     assert token_share([4, 4], [1, None]) == 3 / 8
     assert gap_recovered(0.55, 0.5, 0.6) == pytest.approx(0.5)
     assert math.isnan(gap_recovered(0.5, 0.5, 0.5))
+
+
+def test_the_gap_s_standard_error_comes_from_resampling_turns() -> None:
+    rng = np.random.default_rng(0)
+    edge, hub = rng.normal(0, 1, 200), rng.normal(1, 1, 200)
+    assert gap_se(hub, edge, hub) == pytest.approx(0.0, abs=1e-12)  # always all of it
+    half = gap_se(np.where(rng.random(200) < 0.5, hub, edge), edge, hub)
+    assert 0.0 < half < 0.2
+    assert math.isnan(gap_se(hub[:1], edge[:1], hub[:1]))
 
 
 def test_the_oracle_hands_off_once_per_turn_within_the_share() -> None:
@@ -56,6 +66,7 @@ def test_measure_text_collaboration_on_the_tiny_pair(tiny_language_models: Any) 
         for rows in figures["routers"].values():
             (row,) = rows
             assert row["budget"] == 0.3 and 0.0 <= row["hub_token_share"] <= 1.0
+            assert "gap_recovered" in row
     assert 0.0 <= out["accuracy"]["edge"] <= 1.0 and 0.0 <= out["accuracy"]["hub"] <= 1.0
     assert out["hub_loglik"]["edge"] <= 0.0 and out["hub_loglik"]["hub"] <= 0.0
     oracle = out["accuracy"]["routers"]["oracle"][0]
