@@ -32,10 +32,9 @@ in ``record.error`` (iteration simply stops: no exception mid-stream).
 Closing the stream, its deadline, or giving up on the hub sends the hub a
 cancel.
 
-A ``handoff`` turn (``_handoff.Handoff``) scores its prompt after the prefill
-and each device token; over a threshold (at a character boundary), the hub
-continues from the prompt plus the tokens streamed (``record.handoff_at``, 0
-for a prompt), falling back to the device as above.
+A ``handoff`` turn (``_handoff.Handoff``) scores its prompt, then each token;
+over a threshold (at a character boundary) the hub continues from the prompt
+plus the tokens streamed (``record.handoff_at``), falling back as above.
 """
 
 from __future__ import annotations
