@@ -134,3 +134,18 @@ def test_a_budget_all_on_the_prompt_never_hands_off_mid_turn() -> None:
     assert set(positions) == {0, None}  # whole turns, or none
     share = policy.realized_share
     assert share is not None and share == pytest.approx(0.3, abs=0.02)
+
+
+def test_a_policy_refuses_settings_that_cannot_hold_a_budget() -> None:
+    with pytest.raises(ValueError, match="prompt_share"):
+        HandoffPolicy(budget=0.2, prompt_share=1.5)
+    with pytest.raises(ValueError, match="prompt_threshold"):
+        HandoffPolicy(budget=0.2, prompt_threshold=1.0)
+    with pytest.raises(ValueError, match="prompt_router"):
+        HandoffPolicy(budget=0.2, prompt_router=3.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs budget"):
+        HandoffPolicy(threshold=1.0).calibrate_traces(turns(5, seed=0))
+    with pytest.raises(ValueError, match="at least one"):
+        calibrate_thresholds([], 0.2)
+    with pytest.raises(ValueError, match="unit"):
+        calibrate_thresholds(turns(5, seed=0), 0.2, unit="chars")

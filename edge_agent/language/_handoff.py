@@ -127,6 +127,8 @@ class HandoffPolicy:
             raise ValueError(f"unknown budget unit {unit!r}; expected one of {UNITS}")
         if not 0.0 <= prompt_share <= 1.0:
             raise ValueError(f"prompt_share must be within [0, 1], got {prompt_share}")
+        if prompt_router is not None and not callable(prompt_router):
+            raise ValueError("prompt_router must be callable (a PromptRouter)")
         if prompt_threshold is not None and budget is not None:
             raise ValueError("prompt_threshold= goes with threshold=; a budget calibrates it")
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
