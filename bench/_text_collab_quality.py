@@ -99,10 +99,7 @@ def routed_positions(
     step: float = 0.05,
 ) -> tuple[list[int | None], float]:
     """Handoff points of ``test`` (0: routed on the prompt; None: kept on the device) under a
-    policy calibrated on ``calibration``, and the share of ``unit`` it gave the hub. The
-    adaptation here re-takes its quantile every 4 turns with a step of 0.05 (the policy's
-    defaults are 16 and 0.02): on the default pair's few hundred test turns that holds
-    the budget closer under the shifts, as the figures' ``settings`` record."""
+    policy calibrated on ``calibration``, and the share of ``unit`` it gave the hub."""
     policy = HandoffPolicy(
         score, window=window, budget=budget, unit=unit, prompt_share=prompt_share, adapt=adapt,
         refresh_every=refresh_every, step=step,

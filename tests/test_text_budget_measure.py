@@ -72,7 +72,11 @@ def test_measure_text_collaboration_on_the_tiny_pair(tiny_language_models: Any) 
     oracle = out["accuracy"]["routers"]["oracle"][0]
     assert oracle["hub_token_share"] <= 0.3 + 1e-9
     keys = out["budget_adherence"]
-    assert {"heldout/tokens/adapt", "longer_prompts/turns/frozen"} <= set(keys)
+    assert {
+        "heldout/tokens/adapt",
+        "heldout/turns/adapt-slow",
+        "longer_prompts/turns/frozen",
+    } <= set(keys)
     assert all(0.0 <= v["share"] <= 1.0 for v in keys.values())
     methods = out["prompt_score_methods"]
     assert methods["plain onnxruntime"]["max_abs_diff_nats"] < 1e-3

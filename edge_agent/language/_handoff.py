@@ -26,7 +26,10 @@ does: the quantile, at a level ``u``, of the last ``history`` peaks,
 re-taken every ``refresh_every`` turns, with ``u`` moved by
 ``step * (budget - served)`` after every turn (``served``: 1 or 0 for a turn,
 the hub's share of its tokens in tokens, where ``step`` is scaled by the
-turn's length over the mean length, at most 4x, so long turns weigh more);
+turn's length over the mean length, at most 4x, so long turns weigh more;
+by default every 4 turns and a step of 0.05, faster than the tensor path's 16
+and 0.02: on a few hundred turns of shifted text the slower pace missed a
+30% budget by up to 4.6 points, this one by under 2);
 the prompt threshold follows its own level the same way, toward
 ``budget * prompt_share`` (routed turns), on the prompt scores of every turn,
 and the window's toward the whole budget (so it makes up for the prompt
@@ -114,8 +117,8 @@ class HandoffPolicy:
         prompt_router: Callable[[PromptScore], float] | None = None,
         adapt: bool = True,
         history: int = 256,
-        refresh_every: int = 16,
-        step: float = 0.02,
+        refresh_every: int = 4,
+        step: float = 0.05,
     ) -> None:
         if score not in WINDOW_SCORES:
             raise ValueError(f"unknown window score {score!r}; expected one of {WINDOW_SCORES}")
