@@ -125,16 +125,20 @@ class EdgeAgent(BaseAgent):
         sampling: Sampling | None = None,
         deadline_ms: float | None = None,
         preset: str = "edge_only",
+        handoff: HandoffPolicy | None = None,
     ) -> TextStream:
         """One chat turn: ``messages`` are the turn's new messages (``role``/``content``).
 
         ``conversation`` keeps the dialogue and its KV cache between turns (a new
         one when ``None``; it is ``stream.conversation``). The reply joins the
-        conversation when the stream ends.
+        conversation when the stream ends. ``handoff`` as for ``generate``: a turn
+        handed to the hub continues there from the whole history plus the device's
+        tokens, and its reply (both parts) joins the conversation; the device's
+        kept KV cache, which holds the device's part, serves the next turn.
         """
         return start_chat(
             self.language, messages, conversation, max_tokens=max_tokens, sampling=sampling,
-            deadline_ms=deadline_ms, preset=preset, cloud=self._cloud_text,
+            deadline_ms=deadline_ms, preset=preset, cloud=self._cloud_text, handoff=handoff,
         )  # fmt: skip
 
     def _traced_infer(
@@ -276,12 +280,14 @@ class AsyncEdgeAgent(BaseAgent):
         sampling: Sampling | None = None,
         deadline_ms: float | None = None,
         preset: str = "edge_only",
+        handoff: HandoffPolicy | None = None,
     ) -> AsyncTextStream:
         """``EdgeAgent.chat`` as an async iterator."""
         return AsyncTextStream(
             start_chat(
                 self.language, messages, conversation, max_tokens=max_tokens,
                 sampling=sampling, deadline_ms=deadline_ms, preset=preset, cloud=self._cloud_text,
+                handoff=handoff,
             )
         )  # fmt: skip
 

@@ -271,11 +271,12 @@ class UncertainCheck:
             self._calibrated = True
 
 
-def next_level(level: float, target: float, step: float, taken: bool) -> float:
+def next_level(level: float, target: float, step: float, taken: bool | float) -> float:
     """The quantile level after one decision: moved by its error (``taken``: offloaded,
-    handed off), clipped to [0, 1]; at a target of 0 or 1, the target (nothing to track)."""
+    handed off; or the share of the decision's units that were, as a text turn's hub
+    tokens), clipped to [0, 1]; at a target of 0 or 1, the target (nothing to track)."""
     if 0.0 < target < 1.0:
-        error = target - (1.0 if taken else 0.0)
+        error = target - float(taken)
         return min(max(level + step * error, 0.0), 1.0)
     return target
 

@@ -28,7 +28,11 @@ replica that answered the last one (``hub``, sticky: its KV cache is
 there; ``_cloud`` re-routes it to any replica when that one is gone); its
 reply joins the history
 like a local one, and the kept generator, which has not seen it, is
-dropped: the next local turn re-prefills.
+dropped: the next local turn re-prefills. A turn handed to the hub mid-turn
+(``handoff=``) sends the hub the history, the turn's prompt and the device's
+tokens as ids; its reply (the device's ids, then the hub's text) joins the
+history, and the kept generator, which holds everything up to the handoff,
+serves the next turn (rewound and fed the rest).
 """
 
 from __future__ import annotations
@@ -86,6 +90,9 @@ class Conversation:
         self._opened = 0  # messages the turn in progress added
         self.reprefills = 0  # turns that had to compute the whole history again
         self.hub: str | None = None  # the hub replica that answered last: it holds the cache
+        self._handing = False  # the turn in progress is being handed to the hub
+        self._device_part: tuple[list[int], list[int], str] | None = None  # prompt, ids, text
+        self._skip = 0  # a handed-off turn the device took back: its first ids are in the prompt
 
     @property
     def has_state(self) -> bool:
@@ -105,6 +112,9 @@ class Conversation:
         self, runtime: LanguageRuntime, new_ids: list[int], search: dict[str, Any]
     ) -> tuple[Any, list[int], int]:
         """``(generator, ids to append, ids reused)`` for the turn's prefill."""
+        if self._device_part is not None:  # the hub failed a handed-off turn: the device
+            self._skip = len(self._device_part[1])  # resumes, its part now in new_ids
+            self._device_part, self._handing = None, False
         total = len(self.history) + len(new_ids)
         if total >= runtime.context_length:
             raise InvalidInputError(
@@ -133,8 +143,20 @@ class Conversation:
         self._runtime, self._search = runtime, dict(search)
         return self._generator, self.history + new_ids, 0
 
+    def _hand_off(self, ids: list[int]) -> list[int]:
+        """The turn in progress goes to the hub after the device's tokens (``ids``: the
+        turn's prompt and them): what the hub continues, the whole dialogue."""
+        self._handing = True
+        return self.history + ids
+
     def _end_turn(self, new_prompt: list[int], output: list[int], text: str) -> None:
-        """The turn ran (to its end or cancelled): its prompt and reply join the history."""
+        """The turn ran (to its end or cancelled): its prompt and reply join the history.
+        At a handoff (the device's part of the turn ended) the turn stays open, the kept
+        generator too: it holds the prompt and the device's tokens."""
+        if self._handing:
+            self._device_part, self._handing = (list(new_prompt), list(output), text), False
+            return
+        output, self._skip = output[self._skip :], 0
         self.history.extend(new_prompt)
         self.history.extend(output)
         if self._runtime is not None and not self._runtime.resumable:
@@ -145,14 +167,23 @@ class Conversation:
         self._release_busy()
 
     def _end_cloud_turn(self, new_prompt: list[int], reply: list[int], text: str) -> None:
-        """A turn the hub answered: it joins the history; the kept generator never saw it."""
-        self._free()
-        self._end_turn(new_prompt, reply, text)
+        """A turn the hub answered: it joins the history; the kept generator never saw it.
+        A handed-off turn's reply is the device's ids, then the hub's text encoded: the
+        kept generator holds the history up to the handoff, a prefix of the new one."""
+        part, self._device_part, self._handing = self._device_part, None, False
+        if part is None or self._runtime is None:
+            self._free()
+            self._end_turn(new_prompt, reply, text)
+            return
+        prompt, device_ids, device_text = part
+        rest = text[len(device_text) :]
+        self._end_turn(prompt, device_ids + (self._runtime.encode(rest) if rest else []), text)
 
     def _abort_turn(self, *, keep_state: bool = False) -> None:
         """The turn never ran or failed: its messages go. A failed prefill or step leaves
         the kept generator in an unknown state, so the next turn re-prefills; a turn
         refused before it ran (``keep_state``) leaves it as it was."""
+        self._device_part, self._handing, self._skip = None, False, 0
         if self._opened:
             del self.messages[-self._opened :]
             self._opened = 0

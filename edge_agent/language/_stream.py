@@ -32,10 +32,9 @@ in ``record.error`` (iteration simply stops: no exception mid-stream).
 Closing the stream, its deadline, or giving up on the hub sends the hub a
 cancel.
 
-A ``handoff`` turn (``_handoff.Handoff``) scores each device token; once its
-window crosses the threshold, at a character boundary, the hub continues from
-the prompt plus the tokens streamed (``record.handoff_at`` of them), falling
-back to the device as above.
+A ``handoff`` turn (``_handoff.Handoff``) scores its prompt, then each token;
+over a threshold (at a character boundary) the hub continues from the prompt
+plus the tokens streamed (``record.handoff_at``), falling back as above.
 """
 
 from __future__ import annotations
@@ -178,6 +177,7 @@ class GenerationRecord:
     rerouted: str | None = None  # why a sticky turn then went to any replica (re-prefilled)
     handoff_at: int | None = None  # device tokens streamed before the hub took the turn over
     handoff_score: float | None = None  # the turn's peak window uncertainty (with a watch)
+    prompt_score: float | None = None  # the prompt's mean NLL on the device (when scored)
 
 
 class TextStream(Iterator[TextChunk]):
@@ -265,6 +265,8 @@ class TextStream(Iterator[TextChunk]):
         # The hot loop: one og step, one tokenizer-stream decode, one chunk per character.
         if self._generator is None:
             self._prefill()
+            if self._plan is not None:
+                return self._step()  # the prompt sent the turn to the hub
         generator = self._generator
         out = self._out
         eos = self._runtime.eos_token_ids
@@ -306,11 +308,13 @@ class TextStream(Iterator[TextChunk]):
         """Score the token; hand the turn to the hub once due, after a whole character."""
         assert self._handoff is not None
         self._hand_due |= self._handoff.watch.push(step_score(generator.get_logits(), token))
-        to_hub = self._handoff.to_hub
-        if not (self._hand_due and boundary and to_hub is not None):
-            return
-        left = None if self._deadline_at is None else max(self._deadline_at - _now(), 1e-3) * 1e3
-        self._plan = to_hub(self._prompt_ids + self._out, self._max_tokens - len(self._out), left)
+        if self._hand_due and boundary and self._handoff.to_hub is not None:
+            self._hand_off()
+
+    def _hand_off(self) -> None:
+        out, left = self._out, self._deadline_at and max(self._deadline_at - _now(), 1e-3) * 1e3
+        assert self._handoff is not None and self._handoff.to_hub is not None
+        self._plan = self._handoff.to_hub(self._prompt_ids + out, self._max_tokens - len(out), left)
         self._handoff_at = len(self._out)
         self._observe_device()
         self._release()  # the hub continues; the device's generator is freed now
@@ -337,6 +341,9 @@ class TextStream(Iterator[TextChunk]):
             raise InferenceError(f"{runtime.kind} failed on the prompt: {e}") from e
         self._prefilled_at = _now()
         self._decode_from = self._decode_from or self._prefilled_at
+        handoff = self._handoff
+        if handoff and self._handoff_at is None and handoff.prefilled(generator, new_ids):
+            self._hand_off()  # the prompt's score sends the whole turn to the hub
 
     # -- the hub's leg ---------------------------------------------------------------------
 
@@ -406,7 +413,6 @@ class TextStream(Iterator[TextChunk]):
         history = len(self.conversation.history) if self.conversation is not None else 0
         if self._max_tokens <= 0 or history + len(self._prompt_ids) >= self._runtime.context_length:
             self._finish(FinishReason.LENGTH)
-        return
 
     def _release(self) -> None:
         generator, self._generator = self._generator, None
@@ -432,9 +438,10 @@ class TextStream(Iterator[TextChunk]):
     def _finish(self, reason: FinishReason) -> None:
         if self._leg is not None:
             self._leg.cancel()  # a no-op once the hub's final came
-            if self._generator is None and self._prefilled_at == 0.0:  # the hub's turn only
-                self._end_cloud_turn(reason)
-                return
+        hub_leg = self._handoff_at is not None or (self._leg and not self._prefilled_at)
+        if self._generator is None and hub_leg:  # the hub's turn, or its handed-off part
+            self._end_cloud_turn(reason)
+            return
         prefilled = self._prefilled_at != 0.0
         if not prefilled:
             self._prefilled_at = _now()  # closed before the prefill ran
@@ -474,7 +481,7 @@ class TextStream(Iterator[TextChunk]):
         at = self._handoff_at
         watch = None if self._handoff is None else self._handoff.watch
         if watch is not None:
-            watch.end(at is not None)
+            watch.end(at is not None, tokens=tokens, hub_tokens=self._cloud_tokens)
         began = self._decode_from or self._prefilled_at
         decode_s = self._last_at - began if tokens and began else 0.0
         prefill_ms = max(0.0, (began or now) - self._started) * 1000.0
@@ -506,6 +513,7 @@ class TextStream(Iterator[TextChunk]):
             rerouted=None if leg is None else leg.rerouted,
             handoff_at=at,
             handoff_score=None if watch is None else watch.peak,
+            prompt_score=None if watch is None else watch.prompt_nll,
         )
 
     # -- ending early ----------------------------------------------------------------------

@@ -150,12 +150,12 @@ def _splice(
         raise InvalidInputError(
             f"preset 'handoff' needs handoff=HandoffPolicy(...), got {handoff!r}"
         )
-    if conversation is not None:
-        raise InvalidInputError("handoff= is for generate(); chat turns cannot hand off yet")
     if chosen is not Preset.HANDOFF or cloud is None or route.side != "edge":
         return Handoff(handoff.watch(observe=False), None)
 
     def to_hub(ids: list[int], max_tokens: int, deadline_ms: float | None) -> CloudPlan:
+        if conversation is not None:  # the hub reads the whole dialogue, as ids
+            ids = conversation._hand_off(ids)
         return _plan(cloud, "", max_tokens, sampling, deadline_ms, None, route, prompt_ids=ids)
 
     return Handoff(handoff.watch(), to_hub)
@@ -233,6 +233,7 @@ def start_chat(
     deadline_ms: float | None,
     preset: str,
     cloud: CloudAccess | None = None,
+    handoff: HandoffPolicy | None = None,
 ) -> TextStream:
     model, max_tokens, sampling, deadline = _checked(runtime, max_tokens, sampling, deadline_ms)
     if conversation is None:
@@ -249,6 +250,7 @@ def start_chat(
             sampling=sampling, deadline_ms=deadline, preset=preset, conversation=conversation,
             cloud=cloud,
             prompt_text=model.decode(conversation.history) + text if cloud is not None else text,
+            handoff=handoff,
         )  # fmt: skip
     except BaseException:
         conversation._abort_turn(keep_state=True)  # refused before it ran
