@@ -11,6 +11,9 @@ serves them (``hub.language``), ``cloud_hub.plane`` in a language executor
 process per model (``TurnEngine``: what both offer the fronts), and
 ``cloud_hub.http`` answers OpenAI's
 ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` for them.
+``Verifier`` checks a device's speculative drafts against a served model's
+ONNX graph on plain ONNX Runtime (``VerifyModel``; sessions bounded by
+``SessionLimits``), for ``cloud_hub.mqtt``'s ``SpecFront``.
 """
 
 from ._conversations import ConversationLimits
@@ -28,6 +31,9 @@ from ._models import (
 )
 from ._options import GenerationLimits, Sampling
 from ._turn import Sink, Turn, TurnEngine, TurnUpdate
+from ._verifier import Verifier, greedy_accept
+from ._verify_model import VerifyModel
+from ._verify_sessions import SessionLimits
 from ._vllm import VllmEngine
 
 __all__ = [
@@ -40,13 +46,17 @@ __all__ = [
     "LanguageModels",
     "Sampling",
     "ServedLanguageModel",
+    "SessionLimits",
     "Sink",
     "Turn",
     "TurnEngine",
     "TurnUpdate",
+    "Verifier",
+    "VerifyModel",
     "VllmEngine",
     "check_turn",
     "engine_missing",
+    "greedy_accept",
     "is_language_model_dir",
     "open_engine",
     "read_language_config",

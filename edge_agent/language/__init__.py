@@ -8,7 +8,8 @@ heavy rule (``_presets``, pure); the hub's side of a turn over MQTT
 (``_cloud``: ``TextLink``, ``CloudLeg``, ``CloudTextSettings``) with its
 reorder buffer (``_reorder``, pure); handing a turn to the hub mid-turn
 (``HandoffPolicy``, ``_handoff``, over the window scores of ``_confidence``,
-both pure). Importing it does not import
+both pure); speculative decoding across the link (``SpecStream``,
+``_speculative``, over ``_spec_link``; ``SpecStats`` on its record). Importing it does not import
 ``onnxruntime_genai``; loading a model does. ``load_language_runtime`` picks
 the runtime by the folder's contents: a ``.litertlm`` file runs on LiteRT-LM
 (``LiteRTLanguageRuntime``, ``_litert_runtime``, which imports ``litert_lm``
@@ -30,6 +31,7 @@ from ._litert_runtime import LiteRTLanguageRuntime
 from ._loader import load_language_runtime
 from ._presets import DeviceRates, Preset, TextRoute, is_heavy, predicted_ms, route_text
 from ._runtime import LanguageRuntime
+from ._speculative import DraftControl, SpecStats, SpecStream
 from ._stream import (
     AsyncTextStream,
     FinishReason,
@@ -44,6 +46,7 @@ __all__ = [
     "CloudTextSettings",
     "Conversation",
     "DeviceRates",
+    "DraftControl",
     "FinishReason",
     "GenerationRecord",
     "HandoffPolicy",
@@ -52,6 +55,8 @@ __all__ = [
     "Preset",
     "Sampling",
     "ScoreWindow",
+    "SpecStats",
+    "SpecStream",
     "StepScore",
     "TextChunk",
     "TextRoute",

@@ -63,6 +63,7 @@ from ._presets import TextRoute
 if TYPE_CHECKING:
     from ._chat import Conversation
     from ._runtime import LanguageRuntime
+    from ._speculative import SpecStats
 
 __all__ = [
     "AsyncTextStream",
@@ -178,6 +179,7 @@ class GenerationRecord:
     rerouted: str | None = None  # why a sticky turn then went to any replica (re-prefilled)
     handoff_at: int | None = None  # device tokens streamed before the hub took the turn over
     handoff_score: float | None = None  # the turn's peak window uncertainty (with a watch)
+    speculation: SpecStats | None = None  # what a speculative turn did (_speculative)
 
 
 class TextStream(Iterator[TextChunk]):

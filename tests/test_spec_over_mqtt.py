@@ -1,0 +1,224 @@
+"""Speculative decoding across the link: real Mosquitto, the tiny models, the embedded Hub.
+
+The device drafts with its model, the hub verifies with its own; the text is
+compared with the hub's own greedy decoding (``cloud_only``) and with
+``greedy_generate`` on the same models, never with stored strings. A
+``DraftControl`` of the test's (``Hook``) runs code between rounds: the hub
+stopping, another device's turn evicting the session.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cloud_hub import Hub
+from cloud_hub.language import SessionLimits
+from edge_agent import EdgeAgent, FinishReason, InvalidInputError, Sampling, Source
+from shared import MqttSettings, Topics
+from tandem.demo.language import greedy_generate, load_model
+
+from ._brokers import MosquittoProcess
+from ._text_mqtt import SIZED, WAIT_S, Served, hub_repository
+
+PROMPTS = ['The "assert" statement', "Once upon a time", "def main():", "In 1999 the"]
+
+
+class Hook:
+    """A fixed draft length that calls ``after(round)`` once each verdict is applied."""
+
+    def __init__(self, k: int, after: Callable[[int], None]) -> None:
+        self.k = k
+        self.rounds = 0
+        self.after = after
+        self.seen: list[tuple[int, int]] = []
+
+    def observe(self, rtt_s: float, drafted: int, accepted: int, draft_s_per_token: float) -> None:
+        self.rounds += 1
+        self.seen.append((drafted, accepted))
+        self.after(self.rounds)
+
+
+def spec_stats(served: Served) -> dict[str, int]:
+    assert served.hub.spec_front is not None
+    return served.hub.spec_front.stats()
+
+
+def spec_agent(served: Served, device: str, model: Path) -> EdgeAgent:
+    return EdgeAgent(None, device_id=device, broker=served.url, language_model=model,
+                     cloud_language_model="tiny")  # fmt: skip
+
+
+def hub_greedy(served: Served, prompt: str, n: int) -> list[int]:
+    hub = load_model(served.hub_model)
+    return list(greedy_generate(hub, [int(t) for t in hub[1].encode(prompt)], n).tokens)
+
+
+@pytest.mark.parametrize("draft", ["device", "hub"])
+def test_greedy_speculative_text_is_the_hub_s_own_greedy_decoding(
+    served: Served, draft: str
+) -> None:
+    """Drafted by the device model (drafts rejected) and by a copy of the hub model (every
+    draft accepted): both give exactly the hub's cloud-only tokens, prompt after prompt."""
+    model = served.device_model if draft == "device" else served.hub_model
+    before = spec_stats(served)
+    rounds = 0
+    with spec_agent(served, f"spec-{draft}", model) as agent:
+        for prompt in PROMPTS:
+            cloud = agent.generate(prompt, max_tokens=24, preset="cloud_only").final()
+            stream = agent.generate(prompt, max_tokens=24, preset="speculative", draft_length=4)
+            chunks = list(stream)
+            record = stream.result
+            assert record is not None and not record.degraded, record
+            assert record.output_ids == cloud.output_ids
+            assert list(record.output_ids) == hub_greedy(served, prompt, 24)
+            assert record.text == cloud.text == "".join(c.text for c in chunks)
+            assert all(c.source is Source.CLOUD for c in chunks)
+            spec = record.speculation
+            assert spec is not None and spec.rounds == len(spec.rtt_ms) >= 1
+            assert spec.accepted + spec.hub_tokens == len(record.output_ids)
+            assert record.finish_reason is FinishReason.LENGTH
+            rounds += spec.rounds
+            if draft == "hub":
+                assert spec.accepted == spec.drafted > 0
+    after = spec_stats(served)
+    forwards = after["verify_forwards"] - before.get("verify_forwards", 0)
+    committed = after["tokens_committed"] - before.get("tokens_committed", 0)
+    assert committed == 24 * len(PROMPTS)
+    assert forwards == rounds  # one hub forward pass per round, whatever was accepted
+    if draft == "hub":  # k=4, all accepted: 5 tokens a forward
+        assert forwards / committed <= 0.5
+
+
+def test_the_async_agent_decodes_speculatively_too(served: Served) -> None:
+    import asyncio
+
+    from edge_agent import AsyncEdgeAgent
+
+    async def run() -> Any:
+        async with AsyncEdgeAgent(
+            None, device_id="spec-async", broker=served.url,
+            language_model=served.hub_model, cloud_language_model="tiny",
+        ) as agent:  # fmt: skip
+            return await agent.generate(PROMPTS[0], max_tokens=12, preset="speculative").final()
+
+    record = asyncio.run(run())
+    assert list(record.output_ids) == hub_greedy(served, PROMPTS[0], 12)
+    assert record.speculation.rounds >= 1
+
+
+def test_speculative_turns_are_refused_at_call_time_where_they_cannot_run(
+    served: Served,
+) -> None:
+    with served.agent("spec-refused") as agent:
+        with pytest.raises(InvalidInputError, match="greedily"):
+            agent.generate("hi", max_tokens=4, preset="speculative", sampling=Sampling(top_k=5))
+        with pytest.raises(InvalidInputError, match="draft_length"):
+            agent.generate("hi", max_tokens=4, preset="speculative", draft_length=17)
+
+
+def test_without_a_hub_a_speculative_turn_is_the_device_s_own(served: Served) -> None:
+    agent = EdgeAgent(None, device_id="spec-alone", language_model=served.device_model)
+    with agent:
+        record = agent.generate(PROMPTS[1], max_tokens=10, preset="speculative").final()
+    device = load_model(served.device_model)
+    ids = [int(t) for t in device[1].encode(PROMPTS[1])]
+    assert list(record.output_ids) == list(greedy_generate(device, ids, 10).tokens)
+    assert any("edge_only" in note for note in record.fallbacks)
+
+
+def _own_hub(models: Any, mosquitto: MosquittoProcess, root: Path, prefix: str,
+             **kw: Any) -> Hub:  # fmt: skip
+    repo = hub_repository(root, models.hub_model)
+    return Hub(repo, mqtt=MqttSettings.from_url(mosquitto.url), coalescing=SIZED,
+               mqtt_client="paho", topics=Topics(prefix), **kw).start()  # fmt: skip
+
+
+def test_the_hub_gone_mid_turn_the_device_finishes_it_alone(
+    models: Any, mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    """After two verified rounds the hub stops: the turn is complete, every committed token
+    shown once, the rest the device model's greedy continuation of them."""
+    hub = _own_hub(models, mosquitto, tmp_path, "gone/v1")
+    stopped = threading.Event()
+
+    def stop_hub(rounds: int) -> None:
+        if rounds == 2:
+            hub.stop()
+            stopped.set()
+
+    agent = EdgeAgent(None, device_id="spec-gone", broker=mosquitto.url, topics=Topics("gone/v1"),
+                      language_model=models.device_model, cloud_language_model="tiny")  # fmt: skip
+    try:
+        with agent:
+            stream = agent.generate(PROMPTS[0], max_tokens=30, preset="speculative",
+                                    draft_length=Hook(3, stop_hub))  # fmt: skip
+            chunks = list(stream)
+    finally:
+        hub.stop()
+    record = stream.result
+    assert record is not None and stopped.is_set()
+    assert record.degraded and any("finished on the device" in f for f in record.fallbacks)
+    spec = record.speculation
+    assert spec is not None and spec.rounds == 2 and spec.alone_tokens > 0
+    assert len(record.output_ids) == 30 and record.finish_reason is FinishReason.LENGTH
+    verified = list(record.output_ids[: 30 - spec.alone_tokens])
+    hub_model, device = load_model(models.hub_model), load_model(models.device_model)
+    prompt = [int(t) for t in hub_model[1].encode(PROMPTS[0])]
+    assert verified == list(greedy_generate(hub_model, prompt, len(verified)).tokens)
+    rest = greedy_generate(device, prompt + verified, spec.alone_tokens).tokens
+    assert list(record.output_ids[len(verified) :]) == list(rest)
+    assert record.text == "".join(c.text for c in chunks)  # shown once each, none lost
+    assert [c.source for c in chunks][-1] is Source.EDGE
+
+
+def test_an_evicted_session_is_sent_again_whole_and_the_text_is_unchanged(
+    models: Any, mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    """One session at a time: another device's turn between two rounds evicts the first
+    session; its next round is answered ``resend``, the device sends its context again."""
+    hub = _own_hub(models, mosquitto, tmp_path, "evict/v1",
+                   verify_sessions=SessionLimits(max_sessions=1))  # fmt: skip
+    kw: dict[str, Any] = {
+        "broker": mosquitto.url,
+        "topics": Topics("evict/v1"),
+        "language_model": models.device_model,
+        "cloud_language_model": "tiny",
+    }
+    other = EdgeAgent(None, device_id="spec-other", **kw)
+    other_records: list[Any] = []
+
+    def evict(rounds: int) -> None:
+        if rounds == 1:
+            other_records.append(other.generate(PROMPTS[2], max_tokens=6,
+                                                preset="speculative").final())  # fmt: skip
+
+    try:
+        with other, EdgeAgent(None, device_id="spec-evicted", **kw) as agent:
+            record = agent.generate(PROMPTS[0], max_tokens=20, preset="speculative",
+                                    draft_length=Hook(3, evict)).final()  # fmt: skip
+        assert hub.spec_front is not None
+        evicted = hub.spec_front.stats()["sessions_evicted"]
+    finally:
+        hub.stop()
+    spec = record.speculation
+    assert spec is not None and spec.resent == 1 and not record.degraded
+    assert evicted >= 1 and other_records and not other_records[0].degraded
+    hub_model = load_model(models.hub_model)
+    prompt = [int(t) for t in hub_model[1].encode(PROMPTS[0])]
+    assert list(record.output_ids) == list(greedy_generate(hub_model, prompt, 20).tokens)
+
+
+def test_closing_a_speculative_stream_mid_turn_cancels_it(served: Served) -> None:
+    with served.agent("spec-close") as agent:
+        stream = agent.generate(PROMPTS[0], max_tokens=40, preset="speculative", draft_length=2)
+        first = next(stream)
+        stream.close()
+    record = stream.result
+    assert first.text and record is not None
+    assert record.finish_reason is FinishReason.CANCELLED
+    assert WAIT_S > 0
