@@ -9,6 +9,7 @@ stopping, another device's turn evicting the session.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -19,11 +20,19 @@ import pytest
 from cloud_hub import Hub
 from cloud_hub.language import SessionLimits
 from edge_agent import EdgeAgent, FinishReason, InvalidInputError, Sampling, Source
-from shared import MqttSettings, Topics
+from shared import (
+    ErrorCode,
+    MqttSettings,
+    Topics,
+    VerifyFinish,
+    VerifyRequest,
+    decode_verify_message,
+    encode_verify_message,
+)
 from tandem.demo.language import greedy_generate, load_model
 
 from ._brokers import MosquittoProcess
-from ._text_mqtt import SIZED, WAIT_S, Served, hub_repository
+from ._text_mqtt import SIZED, WAIT_S, P, Peer, Served, hub_repository, raw_frame, wait_for
 
 PROMPTS = ['The "assert" statement', "Once upon a time", "def main():", "In 1999 the"]
 
@@ -222,3 +231,44 @@ def test_closing_a_speculative_stream_mid_turn_cancels_it(served: Served) -> Non
     assert first.text and record is not None
     assert record.finish_reason is FinishReason.CANCELLED
     assert WAIT_S > 0
+
+
+def _verdict(p: Peer) -> Any:
+    topic, payload = p.received.get(timeout=WAIT_S)
+    return topic, decode_verify_message(payload)
+
+
+def test_bad_rounds_get_typed_error_verdicts_on_the_sender_s_topic(
+    served: Served, peer: Callable[[str], Peer]
+) -> None:
+    p = peer("spec-bad")
+    p.subscribe(f"{P}/dev/spec-bad/verified")
+    ok = VerifyRequest(request_id="b1", model="tiny", session="s", round=1, base=0,
+                       committed=(5, 6), drafts=(7,), max_tokens=4)  # fmt: skip
+    cases = [
+        (dataclasses.replace(ok, request_id="b1", drafts=(10**6,)), ErrorCode.INVALID_INPUT),
+        (dataclasses.replace(ok, request_id="b2", device_id="someone-else"), ErrorCode.BAD_REQUEST),
+        (dataclasses.replace(ok, request_id="b3", model="gated"), ErrorCode.BAD_REQUEST),
+    ]
+    for request, code in cases:
+        p.publish(f"{P}/dev/spec-bad/verify/tiny", encode_verify_message(request))
+        topic, verdict = _verdict(p)
+        assert topic == f"{P}/dev/spec-bad/verified"
+        assert (verdict.request_id, verdict.finish, verdict.error) == (
+            request.request_id, VerifyFinish.ERROR, code)  # fmt: skip
+    unknown = dataclasses.replace(ok, request_id="b4", model="nope")
+    p.publish(f"{P}/dev/spec-bad/verify/nope", encode_verify_message(unknown))
+    assert _verdict(p)[1].error is ErrorCode.UNKNOWN_MODEL
+    too_many = raw_frame({"kind": "verify", "id": "b5", "model": "tiny", "session": "s",
+                          "round": 1, "base": 0, "committed_count": 1, "draft_count": 17,
+                          "max_tokens": 4}, b"\0" * 72)  # fmt: skip
+    p.publish(f"{P}/dev/spec-bad/verify/tiny", too_many)
+    verdict = _verdict(p)[1]
+    assert (verdict.request_id, verdict.error) == ("b5", ErrorCode.TOO_LARGE)
+    dropped = spec_stats(served).get("dropped", 0)
+    p.publish(f"{P}/dev/spec-bad/verify/tiny", b"not a frame at all")
+    wait_for(lambda: spec_stats(served).get("dropped", 0) > dropped, "the garbage dropped")
+    # A round for a session the hub does not hold: resend, not an error.
+    p.publish(f"{P}/dev/spec-bad/verify/tiny",
+              encode_verify_message(dataclasses.replace(ok, request_id="b6", base=3)))  # fmt: skip
+    assert _verdict(p)[1].finish is VerifyFinish.RESEND

@@ -31,7 +31,8 @@ from ._litert_runtime import LiteRTLanguageRuntime
 from ._loader import load_language_runtime
 from ._presets import DeviceRates, Preset, TextRoute, is_heavy, predicted_ms, route_text
 from ._runtime import LanguageRuntime
-from ._speculative import DraftControl, SpecStats, SpecStream
+from ._spec_stats import SpecStats
+from ._speculative import DraftControl, SpecStream
 from ._stream import (
     AsyncTextStream,
     FinishReason,

@@ -47,6 +47,7 @@ from shared import PublishHandle, VerifyFinish, VerifyRequest, VerifyResult
 from .._errors import InferenceError, UplinkError
 from .._result import Source
 from ._cloud import CloudTextSettings, LinkFault
+from ._spec_stats import SpecStats
 from ._stream import FinishReason, Sampling, TextChunk, TextStream
 
 if TYPE_CHECKING:
@@ -69,21 +70,6 @@ class DraftControl(Protocol):
     def observe(
         self, rtt_s: float, drafted: int, accepted: int, draft_s_per_token: float
     ) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class SpecStats:
-    """What a speculative turn did, for benches (``GenerationRecord.speculation``)."""
-
-    rounds: int  # verdicts applied
-    drafted: int  # draft tokens sent
-    accepted: int  # of those, accepted by the hub
-    hub_tokens: int  # the hub's own tokens (one per round, unless the turn ended on a draft)
-    rtt_ms: tuple[float, ...]  # each round: send to verdict
-    k: tuple[int, ...]  # each round's draft length
-    resent: int = 0  # times the whole committed context went again (session unknown, gone)
-    ahead_used: int = 0  # rounds whose drafts were drafted ahead, during the previous one
-    alone_tokens: int = 0  # tokens the device decoded alone after the hub failed
 
 
 @dataclass(frozen=True)

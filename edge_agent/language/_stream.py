@@ -63,7 +63,7 @@ from ._presets import TextRoute
 if TYPE_CHECKING:
     from ._chat import Conversation
     from ._runtime import LanguageRuntime
-    from ._speculative import SpecStats
+    from ._spec_stats import SpecStats
 
 __all__ = [
     "AsyncTextStream",
