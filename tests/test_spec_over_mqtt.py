@@ -29,10 +29,10 @@ from shared import (
     decode_verify_message,
     encode_verify_message,
 )
-from tandem.demo.language import greedy_generate, load_model
+from tandem.demo.language import build_language_models, greedy_generate, load_model
 
 from ._brokers import MosquittoProcess
-from ._text_mqtt import SIZED, WAIT_S, P, Peer, Served, hub_repository, raw_frame, wait_for
+from ._text_mqtt import SIZED, TINY, WAIT_S, P, Peer, Served, hub_repository, raw_frame, wait_for
 
 PROMPTS = ['The "assert" statement', "Once upon a time", "def main():", "In 1999 the"]
 
@@ -272,3 +272,42 @@ def test_bad_rounds_get_typed_error_verdicts_on_the_sender_s_topic(
     p.publish(f"{P}/dev/spec-bad/verify/tiny",
               encode_verify_message(dataclasses.replace(ok, request_id="b6", base=3)))  # fmt: skip
     assert _verdict(p)[1].finish is VerifyFinish.RESEND
+
+
+@pytest.fixture(scope="module")
+def trained_hub(tmp_path_factory: pytest.TempPathFactory, models: Any) -> Path:
+    """A hub model trained longer than the device's (same tokenizer): it disagrees with the
+    device model's drafts, so rounds reject drafts and the device rewinds."""
+    built = build_language_models(tmp_path_factory.mktemp("lm-trained"),
+                                  recipe=dataclasses.replace(TINY, steps=60))  # fmt: skip
+    same = (built.hub_model / "tokenizer.json").read_bytes()
+    assert same == (models.device_model / "tokenizer.json").read_bytes()
+    return Path(built.hub_model)
+
+
+def test_rejected_drafts_are_rewound_and_the_text_is_still_the_hub_s(
+    models: Any, trained_hub: Path, mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    repo = hub_repository(tmp_path, trained_hub)
+    hub = Hub(repo, mqtt=MqttSettings.from_url(mosquitto.url), coalescing=SIZED,
+              mqtt_client="paho", topics=Topics("trained/v1")).start()  # fmt: skip
+    agent = EdgeAgent(None, device_id="spec-trained", broker=mosquitto.url,
+                      topics=Topics("trained/v1"), language_model=models.device_model,
+                      cloud_language_model="tiny")  # fmt: skip
+    reference = load_model(trained_hub)
+    drafted = accepted = 0
+    try:
+        with agent:
+            for prompt in PROMPTS:
+                cloud = agent.generate(prompt, max_tokens=20, preset="cloud_only").final()
+                record = agent.generate(prompt, max_tokens=20, preset="speculative",
+                                        draft_length=3).final()  # fmt: skip
+                ids = [int(t) for t in reference[1].encode(prompt)]
+                assert list(record.output_ids) == greedy_generate(reference, ids, 20).tokens
+                assert record.output_ids == cloud.output_ids and not record.degraded
+                spec = record.speculation
+                assert spec is not None
+                drafted, accepted = drafted + spec.drafted, accepted + spec.accepted
+    finally:
+        hub.stop()
+    assert 0 < accepted < drafted  # some drafts held, some were rejected and rewound
