@@ -183,6 +183,8 @@ class VerifyResult:
         object.__setattr__(self, "tokens", _check_ids(self.tokens, "tokens"))
         if len(self.tokens) > 1:
             raise FrameError(f"a round commits at most one hub token, got {len(self.tokens)}")
+        if self.finish is VerifyFinish.MORE and not self.tokens:
+            raise FrameError("a round that goes on ('more') carries the hub's token")
         _check_count(self.committed, "committed")
         if not isinstance(self.error, ErrorCode):
             object.__setattr__(self, "error", ErrorCode.parse(self.error))

@@ -65,6 +65,8 @@ def test_constructors_refuse_what_the_protocol_does_not_allow() -> None:
         request(drafts=(-1,))
     with pytest.raises(FrameError, match="error code exactly"):
         VerifyResult(request_id="r", session="s", round=0, finish=VerifyFinish.ERROR)
+    with pytest.raises(FrameError, match="carries the hub's token"):
+        VerifyResult(request_id="r", session="s", round=0, finish="more")
     with pytest.raises(FrameError, match="at most one hub token"):
         VerifyResult(request_id="r", session="s", round=0, finish="more", tokens=(1, 2))
 

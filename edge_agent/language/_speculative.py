@@ -226,10 +226,13 @@ class SpecStream(TextStream):
         hit = a == k and verdict.tokens and ahead and ahead[0] == verdict.tokens[0]
         if hit:
             self._drafts = ahead[1:]
-        else:
-            self._rewind(len(self._prompt_ids) + len(self._out) + a)
-            if verdict.tokens:
-                self._append(list(verdict.tokens))
+        elif verdict.tokens:
+            # Rewind one further and feed the last kept id again with the hub's: appending
+            # right after generate_next_token loses that step's id in ONNX Runtime GenAI
+            # 0.18 (docs/language-models.md).
+            kept = [*self._prompt_ids, *self._out, *self._drafts[:a]]
+            self._rewind(len(kept) - 1)
+            self._append([kept[-1], *verdict.tokens])
             self._drafts = []
         self._hub = verdict.hub or self._hub
         self._base, self._unsent = verdict.committed, []
