@@ -21,9 +21,10 @@ when not; a header naming another device or model than its topic is
 ``bad_request``; an unknown model ``unknown_model``.
 
 Each model gets its ``Verifier`` (``cloud_hub.language``) the first time a
-round names it, over the served folder of its ``LanguageEngine``; a model
-served otherwise (the process plane's client, vLLM) is answered
-``unknown_model`` with the reason.
+round names it, over the served folder (``model_dir``: by default that of
+an in-process ``LanguageEngine``; the process plane's ingress names the
+repository's version folder, and loads the graph in its own process); a
+model with no folder (vLLM) is answered ``unknown_model`` with the reason.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 from shared import (
     ErrorCode,
@@ -52,7 +54,13 @@ from shared import (
 )
 
 from .._errors import HubError, ModelNotFoundError, error_code
-from ..language import LanguageModels, SessionLimits, Verifier, VerifyModel
+from ..language import (
+    LanguageModels,
+    ServedLanguageModel,
+    SessionLimits,
+    Verifier,
+    VerifyModel,
+)
 from ._admission import RecentRequests, TransitBaseline
 from ._log_limit import RateLimitedLog
 
@@ -74,12 +82,14 @@ class SpecFront:
         limits: Limits | None = None,
         hub_id: str | None = None,
         session_limits: SessionLimits | None = None,
+        model_dir: Callable[[ServedLanguageModel], Path | None] | None = None,
     ) -> None:
         self.models = models
         self.session = session
         self.topics = topics or Topics()
         self.limits = limits or Limits()
         self.session_limits = session_limits or SessionLimits()
+        self._model_dir = model_dir or _engine_directory
         self.hub_id = None if hub_id is None else validate_name(hub_id, "hub id")
         self.subscriptions = [self.topics.device_verify_filter(share_group)]
         if self.hub_id is not None:
@@ -129,8 +139,8 @@ class SpecFront:
             verifier = self._verifiers.get(key)
         if verifier is not None:
             return verifier
-        directory = getattr(served.engine, "directory", None)
-        if getattr(served.engine, "platform", None) != "onnxruntime_genai" or directory is None:
+        directory = self._model_dir(served)
+        if directory is None:
             raise ModelNotFoundError(
                 f"language model {model!r} is not served from an ONNX folder in this process; "
                 "it cannot verify drafts"
@@ -257,6 +267,14 @@ class SpecFront:
     def _publish(self, topic: str, result: VerifyResult) -> None:
         handle = self.session.publish(topic, encode_verify_message(result), qos=1)
         self._count("publish_failed" if handle.failed else "verdicts")
+
+
+def _engine_directory(served: ServedLanguageModel) -> Path | None:
+    """The folder an in-process ONNX Runtime GenAI engine serves (None for other engines)."""
+    directory = getattr(served.engine, "directory", None)
+    if getattr(served.engine, "platform", None) != "onnxruntime_genai":
+        return None
+    return None if directory is None else Path(directory)
 
 
 def _printable_id(value: object) -> bool:
