@@ -7,6 +7,7 @@ reference, so a draft is known right or wrong before it is sent.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 from typing import Any
 
@@ -169,3 +170,21 @@ def test_the_attention_kernel_refuses_a_batch_of_rounds_with_a_kv_cache(
         feeds[f"past_key_values.{layer}.value"] = np.concatenate([kv[2 * layer + 1]] * 2)
     with pytest.raises(Exception, match="batch_size must be 1"):
         session.run(None, feeds)
+
+
+def test_stopping_answers_every_round_still_queued(hub_dir: Any, prompt_ids: list[int]) -> None:
+    """No round is left without a verdict: those not run are answered ``overloaded``."""
+    verifier = Verifier(VerifyModel(hub_dir))
+    answers: queue.Queue[VerifyResult] = queue.Queue()
+    for i in range(30):
+        request = VerifyRequest(
+            request_id=f"q{i}", model="tiny", session=f"s{i}", round=1, base=0,
+            committed=tuple(prompt_ids), drafts=(), max_tokens=4,
+        )  # fmt: skip
+        verifier.submit("dev-q", request, answers.put)
+    verifier.stop()
+    got = [answers.get(timeout=30) for _ in range(30)]
+    assert sorted(r.request_id for r in got) == sorted(f"q{i}" for i in range(30))
+    assert {r.error for r in got} <= {ErrorCode.OK, ErrorCode.OVERLOADED}
+    with pytest.raises(Exception, match="stopping"):
+        verifier.submit("dev-q", dataclasses.replace(request, request_id="late"), answers.put)

@@ -50,6 +50,7 @@ from shared import (
     VerifyResult,
 )
 
+from .._errors import HubStoppingError
 from ._verify_model import VerifyModel
 from ._verify_sessions import SessionLimits, VerifySession, VerifySessions
 
@@ -119,7 +120,7 @@ class Verifier:
     def _put(self, job: _Job) -> None:
         with self._cond:
             if self._closing:
-                raise RuntimeError("the verifier is stopping")
+                raise HubStoppingError("the hub is stopping; finish the turn on the device")
             self._jobs.append(job)
             self._cond.notify()
 
@@ -149,13 +150,17 @@ class Verifier:
             with self._cond:
                 while not self._jobs and not self._closing:
                     self._cond.wait()
-                if self._closing:
-                    return
                 jobs = list(self._jobs)
                 self._jobs.clear()
+                if self._closing:
+                    break
                 self.counters["verify_batches"] += 1
             for job in jobs:
                 self._one(job)
+        for job in jobs:  # rounds still queued: their devices go on alone at once
+            if job.reply is not None and isinstance(job.message, VerifyRequest):
+                why = "the hub is stopping; finish the turn on the device"
+                job.reply(self._error(job.message, ErrorCode.OVERLOADED, why))
 
     def _one(self, job: _Job) -> None:
         message = job.message

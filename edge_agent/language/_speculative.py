@@ -178,7 +178,7 @@ class SpecStream(TextStream):
         plan, inbox = self._spec, self._inbox
         assert plan is not None and inbox is not None
         settings = plan.settings
-        patience = settings.first_chunk_s if self._stats.rounds == 0 else settings.stall_s
+        patience = settings.first_chunk_s if request.base == 0 else settings.stall_s  # prefill
         give_up = _now() + patience
         sticky = self._hub is not None
         while True:
@@ -210,7 +210,7 @@ class SpecStream(TextStream):
         """More drafting ahead is worth it: within the budget, the room and the cap."""
         ahead = len(self._drafts) - k
         left = self._max_tokens - len(self._out) - k - 1
-        return 0 <= ahead < min(MAX_AHEAD, left) and len(self._drafts) < self._room() + k
+        return 0 <= ahead < min(MAX_AHEAD, left) and len(self._drafts) < self._room()
 
     def _apply(self, verdict: VerifyResult, k: int, rtt: float) -> None:
         plan = self._spec
@@ -310,7 +310,8 @@ class SpecStream(TextStream):
     def _room(self) -> int:
         """Tokens the generator may still hold beyond the committed ones."""
         used = len(self._prompt_ids) + len(self._out)
-        return max(0, min(self._runtime.context_length, used + self._max_tokens) - used)
+        turn_end = len(self._prompt_ids) + self._max_tokens  # the generator's max_length
+        return max(0, min(self._runtime.context_length, turn_end) - used)
 
     def _draft_one(self) -> bool:
         """One more draft token (False when the generator can take no more, or the last
