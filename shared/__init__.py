@@ -3,7 +3,8 @@
 Also what two packages must agree on besides the wire: the blob stores
 (``shared.server.store``), the edge's answer summary that offloaded requests carry
 (``EdgeAnswer``) and the shard format of collected examples (``write_shard``,
-``load_examples``); and the one way every package writes a file whole
+``load_examples``), the draft distributions of speculative decoding
+(``encode_draft_dists``, ``SparseDists``); and the one way every package writes a file whole
 (``atomic_write_bytes``, ``atomic_writer``: fsync, rename, fsync of the
 directory; ``mode=0o600`` for secrets). Pure and small: numpy and the standard library
 (zstandard on demand, paho-mqtt only inside the MQTT helpers, boto3 only for
@@ -13,6 +14,14 @@ an ``s3://`` store).
 from ._atomic import ATOMIC_TEMP_PREFIX, atomic_write_bytes, atomic_writer, fsync_directory
 from ._blobs import apply_delta, compress_blob, decompress_blob, digest, make_delta
 from ._cdn_paths import DIGEST_PATTERN, CdnPaths
+from ._draft_dist import (
+    DRAFT_DISTS_VERSION,
+    MAX_DRAFT_ROWS,
+    MAX_DRAFT_TOP,
+    SparseDists,
+    decode_draft_dists,
+    encode_draft_dists,
+)
 from ._edge_answer import EDGE_ANSWER_KEY, MAX_EDGE_LABELS, EdgeAnswer, top_classes
 from ._envelope import (
     FORMAT_MAJOR,
@@ -154,6 +163,7 @@ __all__ = [
     "ATOMIC_TEMP_PREFIX",
     "DATATYPES",
     "DIGEST_PATTERN",
+    "DRAFT_DISTS_VERSION",
     "EDGE_ANSWER_KEY",
     "FORMAT_MAJOR",
     "FORMAT_MINOR",
@@ -162,6 +172,8 @@ __all__ = [
     "MAX_DIST_BYTES",
     "MAX_DOCUMENT_BYTES",
     "MAX_DRAFTS",
+    "MAX_DRAFT_ROWS",
+    "MAX_DRAFT_TOP",
     "MAX_EDGE_LABELS",
     "MAX_PACKAGE_FILES",
     "MAX_ROOT_ROTATIONS",
@@ -225,6 +237,7 @@ __all__ = [
     "ShapeKey",
     "SignatureError",
     "SigningKey",
+    "SparseDists",
     "StoreError",
     "TandemError",
     "TensorError",
@@ -257,6 +270,7 @@ __all__ = [
     "configure_logging",
     "create_client",
     "datatype_of",
+    "decode_draft_dists",
     "decode_header",
     "decode_message",
     "decode_sample",
@@ -266,6 +280,7 @@ __all__ = [
     "decompress_blob",
     "device_client_id",
     "digest",
+    "encode_draft_dists",
     "encode_message",
     "encode_sample",
     "encode_tensors",

@@ -14,8 +14,11 @@ process per model (``TurnEngine``: what both offer the fronts), and
 ``Verifier`` checks a device's speculative drafts against a served model's
 ONNX graph on plain ONNX Runtime (``VerifyModel``; sessions bounded by
 ``SessionLimits``), for ``cloud_hub.mqtt``'s ``SpecFront``.
+``accept_drafts`` is speculative decoding's verification rule (greedy, or
+rejection sampling over ``target_probs``), pure.
 """
 
+from ._accept import Acceptance, accept_drafts, target_probs
 from ._conversations import ConversationLimits
 from ._engine import LanguageEngine, check_turn
 from ._models import (
@@ -39,6 +42,7 @@ from ._vllm import VllmEngine
 __all__ = [
     "ENGINES",
     "PLATFORM",
+    "Acceptance",
     "ConversationLimits",
     "GenerationLimits",
     "LanguageConfig",
@@ -54,10 +58,12 @@ __all__ = [
     "Verifier",
     "VerifyModel",
     "VllmEngine",
+    "accept_drafts",
     "check_turn",
     "engine_missing",
     "greedy_accept",
     "is_language_model_dir",
     "open_engine",
     "read_language_config",
+    "target_probs",
 ]

@@ -9,7 +9,9 @@ heavy rule (``_presets``, pure); the hub's side of a turn over MQTT
 reorder buffer (``_reorder``, pure); handing a turn to the hub mid-turn
 (``HandoffPolicy``, ``_handoff``, over the window scores of ``_confidence``,
 both pure); speculative decoding across the link (``SpecStream``,
-``_speculative``, over ``_spec_link``; ``SpecStats`` on its record). Importing it does not import
+``_speculative``, over ``_spec_link`` and ``_spec_sampling``; ``SpecStats``
+on its record) and its draft length (``DraftLength``, ``best_k``,
+``crossover``, ``_draft_length``, pure). Importing it does not import
 ``onnxruntime_genai``; loading a model does. ``load_language_runtime`` picks
 the runtime by the folder's contents: a ``.litertlm`` file runs on LiteRT-LM
 (``LiteRTLanguageRuntime``, ``_litert_runtime``, which imports ``litert_lm``
@@ -26,6 +28,7 @@ from ._confidence import (
     uncertainty,
     window_stats,
 )
+from ._draft_length import DraftLength, best_k, crossover, expected_tokens, round_seconds
 from ._handoff import HandoffPolicy, TurnWatch, turn_peak
 from ._litert_runtime import LiteRTLanguageRuntime
 from ._loader import load_language_runtime
@@ -48,6 +51,7 @@ __all__ = [
     "Conversation",
     "DeviceRates",
     "DraftControl",
+    "DraftLength",
     "FinishReason",
     "GenerationRecord",
     "HandoffPolicy",
@@ -64,10 +68,14 @@ __all__ = [
     "TextStream",
     "TurnWatch",
     "WindowStats",
+    "best_k",
+    "crossover",
+    "expected_tokens",
     "is_heavy",
     "load_language_runtime",
     "predicted_ms",
     "render_turn",
+    "round_seconds",
     "route_text",
     "step_score",
     "turn_peak",
