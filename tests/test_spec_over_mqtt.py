@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from cloud_hub import Hub
-from cloud_hub.language import SessionLimits
+from cloud_hub.language import SessionLimits, VerifyModel, target_probs
 from edge_agent import EdgeAgent, FinishReason, InvalidInputError, Sampling, Source
 from shared import (
     ErrorCode,
@@ -26,6 +26,7 @@ from shared import (
     Topics,
     VerifyFinish,
     VerifyRequest,
+    decode_draft_dists,
     decode_verify_message,
     encode_verify_message,
 )
@@ -124,10 +125,10 @@ def test_speculative_turns_are_refused_at_call_time_where_they_cannot_run(
     served: Served,
 ) -> None:
     with served.agent("spec-refused") as agent:
-        with pytest.raises(InvalidInputError, match="greedily"):
-            agent.generate("hi", max_tokens=4, preset="speculative", sampling=Sampling(top_k=5))
         with pytest.raises(InvalidInputError, match="draft_length"):
             agent.generate("hi", max_tokens=4, preset="speculative", draft_length=17)
+        with pytest.raises(InvalidInputError, match="chat"):
+            agent.chat([{"role": "user", "content": "hi"}], max_tokens=4, preset="speculative")
 
 
 def test_without_a_hub_a_speculative_turn_is_the_device_s_own(served: Served) -> None:
@@ -230,7 +231,6 @@ def test_closing_a_speculative_stream_mid_turn_cancels_it(served: Served) -> Non
     record = stream.result
     assert first.text and record is not None
     assert record.finish_reason is FinishReason.CANCELLED
-    assert WAIT_S > 0
 
 
 def _verdict(p: Peer) -> Any:
@@ -311,3 +311,64 @@ def test_rejected_drafts_are_rewound_and_the_text_is_still_the_hub_s(
     finally:
         hub.stop()
     assert 0 < accepted < drafted  # some drafts held, some were rejected and rewound
+
+
+def test_a_sampled_speculative_turn_sends_the_draft_s_rows_and_keeps_the_hub_s_support(
+    served: Served, peer: Callable[[str], Peer]
+) -> None:
+    """Sampling, wired end to end: every round carries the compressed rows its drafts were
+    drawn from and the turn's sampling; every committed token is one the hub's model could
+    sample there (its top-k at that temperature)."""
+    spy = peer("spec-sample-spy")
+    spy.subscribe(f"{P}/dev/spec-sample/verify/#")
+    sampling = Sampling(temperature=1.5, seed=11)
+    with spec_agent(served, "spec-sample", served.device_model) as agent:
+        record = agent.generate(PROMPTS[1], max_tokens=16, preset="speculative",
+                                sampling=sampling, draft_length=3).final()  # fmt: skip
+    assert record.finish_reason is FinishReason.LENGTH and not record.degraded
+    assert len(record.output_ids) == 16 and record.speculation is not None
+    rounds = []
+    while not spy.received.empty():
+        message = decode_verify_message(spy.received.get()[1])
+        if isinstance(message, VerifyRequest):
+            rounds.append(message)
+    assert len(rounds) == record.speculation.rounds
+    off_top = 0  # drafts that are not their row's most probable id: drawn, not argmax
+    for message in rounds:
+        assert message.sampling.temperature == 1.5 and message.sampling.seed == 11
+        if message.drafts:
+            rows = decode_draft_dists(message.draft_dists or b"", k=len(message.drafts),
+                                      vocab=320)  # fmt: skip
+            assert all(rows.prob(i, d) > 0 for i, d in enumerate(message.drafts))
+            off_top += sum(int(rows.ids[i, 0]) != d for i, d in enumerate(message.drafts))
+    assert off_top > 0
+    hub = VerifyModel(served.hub_model)
+    ids = [int(t) for t in load_model(served.hub_model)[1].encode(PROMPTS[1])]
+    logits, _ = hub.forward(ids + list(record.output_ids), hub.empty())
+    for i, token in enumerate(record.output_ids):
+        p = target_probs(logits[len(ids) - 1 + i], temperature=1.5, top_k=hub.top_k)
+        assert p[token] > 0, (i, token)
+
+
+def test_the_broker_gone_mid_turn_the_device_finishes_it_alone_at_once(
+    models: Any, own_mosquitto: MosquittoProcess, tmp_path: Path
+) -> None:
+    hub = _own_hub(models, own_mosquitto, tmp_path, "broker/v1")
+
+    def stop_broker(rounds: int) -> None:
+        if rounds == 1:
+            own_mosquitto.stop()
+
+    agent = EdgeAgent(None, device_id="spec-broker", broker=own_mosquitto.url,
+                      topics=Topics("broker/v1"), language_model=models.device_model,
+                      cloud_language_model="tiny")  # fmt: skip
+    try:
+        with agent:
+            record = agent.generate(PROMPTS[3], max_tokens=20, preset="speculative",
+                                    draft_length=Hook(2, stop_broker)).final()  # fmt: skip
+    finally:
+        hub.stop(timeout_s=2.0)
+    spec = record.speculation
+    assert spec is not None and spec.rounds == 1 and record.degraded
+    assert len(record.output_ids) == 20 and spec.alone_tokens == 20 - spec.accepted - 1
+    assert not any("no verdict" in f for f in record.fallbacks), record.fallbacks  # no wait

@@ -14,8 +14,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cloud_hub.language import SessionLimits, Verifier, VerifyModel, greedy_accept
-from shared import ErrorCode, TextSampling, VerifyFinish, VerifyRequest, VerifyResult
+from cloud_hub.language import SessionLimits, Verifier, VerifyModel, target_probs
+from shared import (
+    ErrorCode,
+    TextSampling,
+    VerifyFinish,
+    VerifyRequest,
+    VerifyResult,
+    decode_draft_dists,
+    encode_draft_dists,
+)
 from tandem.demo.language import greedy_generate, load_model
 
 PROMPT = 'The "assert" statement'
@@ -143,11 +151,36 @@ def test_sessions_are_bounded_least_recently_used_first(
         verifier.stop()
 
 
-def test_greedy_accept_is_the_longest_argmax_prefix() -> None:
-    rows = np.eye(5, dtype=np.float32)[[1, 2, 3, 4]]  # argmax 1, 2, 3, 4
-    assert greedy_accept(rows, [1, 2, 0], None, TextSampling(), None) == (2, 3)
-    assert greedy_accept(rows, [1, 2, 3], None, TextSampling(), None) == (3, 4)
-    assert greedy_accept(rows[:1], [], None, TextSampling(), None) == (0, 1)
+def test_sampled_rounds_give_the_hub_model_s_distribution_whatever_the_draft(
+    hub_dir: Any, prompt_ids: list[int]
+) -> None:
+    """The wiring of the sampled rule: drafts drawn from a ``q`` far from the hub's ``p``
+    (the 32 ids the hub finds least likely), sent compressed; the first committed token
+    follows ``p`` (temperature 2, the model's top-k 50), not ``q``. The math itself is
+    ``tests/test_accept_drafts.py``'s."""
+    verifier = Verifier(VerifyModel(hub_dir))
+    model = verifier.model
+    try:
+        logits, _ = model.forward(prompt_ids, model.empty())
+        p = target_probs(logits[-1], temperature=2.0, top_k=model.top_k)
+        q = np.zeros(model.vocab_size, dtype=np.float32)
+        q[np.argsort(p, kind="stable")[:32]] = 1 / 32
+        rng = np.random.default_rng(7)
+        dists = encode_draft_dists(q[None], top=32)
+        row = decode_draft_dists(dists, k=1, vocab=model.vocab_size)
+        rounds = Rounds(verifier)
+        counts = np.zeros(model.vocab_size)
+        n = 1500
+        for i in range(n):
+            draft = row.sample(0, rng)
+            r = rounds.send(base=0, committed=prompt_ids, drafts=[draft], draft_dists=dists,
+                            sampling=TextSampling(temperature=2.0, seed=i))  # fmt: skip
+            first = draft if r.accepted else r.tokens[0]
+            counts[first] += 1
+        tv = 0.5 * np.abs(counts / n - p).sum()
+        assert tv < 0.08, tv  # sampling noise at n=1500 is ~0.03; q is ~1 away from p
+    finally:
+        verifier.stop()
 
 
 def test_the_attention_kernel_refuses_a_batch_of_rounds_with_a_kv_cache(

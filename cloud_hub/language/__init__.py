@@ -34,7 +34,7 @@ from ._models import (
 )
 from ._options import GenerationLimits, Sampling
 from ._turn import Sink, Turn, TurnEngine, TurnUpdate
-from ._verifier import Verifier, greedy_accept
+from ._verifier import Verifier
 from ._verify_model import VerifyModel
 from ._verify_sessions import SessionLimits
 from ._vllm import VllmEngine
@@ -61,7 +61,6 @@ __all__ = [
     "accept_drafts",
     "check_turn",
     "engine_missing",
-    "greedy_accept",
     "is_language_model_dir",
     "open_engine",
     "read_language_config",

@@ -9,8 +9,11 @@ Rows ``m-1 .. m-1+k`` of its logits (``m`` uncommitted ids) are the hub's
 distributions for each draft position and the one after them; greedy
 acceptance takes the longest prefix with ``d_i == argmax`` and then the
 hub's argmax after it (the "bonus": a correction, or one token more when
-every draft held). Sampled rounds go through the same rule with the draft's
-distributions (``accept`` is the pluggable rule; see ``greedy_accept``).
+every draft held). Both are ``accept_drafts`` (``_accept``); a sampled round
+passes the draft's distributions (``shared.decode_draft_dists`` of its
+``draft_dists``), the turn's temperature and top-p, and the top-k the round
+names or else the model's own (``search.top_k``, what the engine samples
+with), with the session's random stream (seeded by ``sampling.seed``).
 The committed ids grow by the accepted drafts and the bonus; the KV cache is
 cut to the committed length minus one (the bonus has no KV yet), so a
 rejected draft leaves nothing behind.
@@ -19,8 +22,10 @@ Stops: an end-of-sequence id among the committed ends the turn (``stop``,
 nothing after it); ``max_tokens`` (what the device may still commit) and the
 model's context end it ``length``. Errors are typed results, never a
 silence: ids out of the vocabulary or a round past the context
-``invalid_input``, a session it does not hold ``resend``, an expired round
-``deadline_exceeded``, a failed forward ``internal``.
+``invalid_input`` (so is a sampled round without its draft's distributions,
+and ones that do not decode are ``bad_request``), a session it does not
+hold ``resend``, an expired round ``deadline_exceeded``, a failed forward
+``internal``.
 
 Rounds waiting at once are taken together (``verify_batches`` counts the
 takes) but run one forward each: see ``_verify_model`` for why this graph
@@ -35,7 +40,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,36 +48,25 @@ import numpy as np
 
 from shared import (
     ErrorCode,
-    TextSampling,
+    ProtocolError,
+    SparseDists,
     VerifyClose,
     VerifyFinish,
     VerifyRequest,
     VerifyResult,
+    decode_draft_dists,
 )
 
-from .._errors import HubStoppingError
+from .._errors import HubError, HubStoppingError, InvalidRequestError, error_code
+from ._accept import accept_drafts, target_probs
 from ._verify_model import VerifyModel
 from ._verify_sessions import SessionLimits, VerifySession, VerifySessions
 
-__all__ = ["Reply", "Verifier", "greedy_accept"]
+__all__ = ["Reply", "Verifier"]
 
 log = logging.getLogger(__name__)
 
 Reply = Callable[[VerifyResult], None]
-# (target rows [k+1, vocab], drafts, the draft's distributions or None, sampling, rng)
-#   -> (accepted, next token)
-Accept = Callable[[np.ndarray, Sequence[int], Any, TextSampling, Any], tuple[int, int]]
-
-
-def greedy_accept(
-    rows: np.ndarray, drafts: Sequence[int], _draft: Any, _sampling: TextSampling, _rng: Any
-) -> tuple[int, int]:
-    """The longest prefix of ``drafts`` the hub's argmax agrees with, and its argmax after."""
-    best = rows.argmax(axis=-1)
-    accepted = 0
-    while accepted < len(drafts) and int(best[accepted]) == drafts[accepted]:
-        accepted += 1
-    return accepted, int(best[accepted])
 
 
 @dataclass
@@ -92,14 +86,10 @@ class Verifier:
         *,
         limits: SessionLimits | None = None,
         hub_id: str | None = None,
-        accept: Accept | None = None,
-        sampled_accept: Accept | None = None,
     ) -> None:
         self.model = model
         self.hub_id = hub_id
         self.sessions = VerifySessions(limits or SessionLimits())
-        self._accept = accept or greedy_accept
-        self._sampled = sampled_accept  # None: sampled rounds are refused
         self._cond = threading.Condition()
         self._jobs: collections.deque[_Job] = collections.deque()
         self._closing = False
@@ -175,6 +165,10 @@ class Verifier:
                                      "the round waited past its budget; not run")  # fmt: skip
             else:
                 result = self._round(job.device, message)
+        except (HubError, ProtocolError) as e:  # the round's own fault: typed
+            with self._cond:  # its session may be half updated: the device goes on alone
+                self.sessions.pop((job.device, message.session))
+            result = self._error(message, error_code(e), str(e))
         except Exception as e:  # the model raised: this round fails, the hub keeps serving
             log.exception("verify round %s of %s failed", message.request_id, job.device)
             with self._cond:
@@ -192,12 +186,6 @@ class Verifier:
             return self._error(request, ErrorCode.INVALID_INPUT,
                                f"token id {bad[0]} is out of the model's vocabulary "
                                f"(0..{model.vocab_size - 1})")  # fmt: skip
-        accept = self._accept
-        if not request.sampling.greedy:
-            if self._sampled is None:
-                return self._error(request, ErrorCode.INVALID_INPUT,
-                                   "this hub verifies greedy rounds only")  # fmt: skip
-            accept = self._sampled
         with self._cond:
             session = self.sessions.get(key)
             if request.base == 0:
@@ -218,9 +206,8 @@ class Verifier:
         tail = session.tokens[session.kv_len :]
         logits, present = model.forward(tail + drafts, session.kv)
         m = len(tail)
-        draft = self._dists(request, len(drafts))
-        accepted, bonus = accept(logits[m - 1 : m + len(drafts)], drafts, draft,
-                                 request.sampling, session.rng)  # fmt: skip
+        accepted, bonus = self._decide(request, logits[m - 1 : m + len(drafts)], drafts,
+                                       session.rng)  # fmt: skip
         new = [*drafts[:accepted], bonus]
         finish = VerifyFinish.MORE
         for i, t in enumerate(new):
@@ -245,12 +232,30 @@ class Verifier:
         hub_tokens = tuple(new[n_drafts:])
         return self._result(request, finish, n_drafts, hub_tokens, len(session.tokens))
 
-    def _dists(self, request: VerifyRequest, k: int) -> Any:
-        """The draft's distributions for a sampled round (decoded by the sampled rule's
-        module; ``None`` for greedy rounds or when the device sent none)."""
-        if request.sampling.greedy or request.draft_dists is None:
-            return None
-        return (request.draft_dists, k, self.model.vocab_size)
+    def _decide(
+        self, request: VerifyRequest, rows: np.ndarray, drafts: list[int], rng: Any
+    ) -> tuple[int, int]:
+        """Accepted drafts and the hub's token, by ``accept_drafts`` (greedy, or sampled with
+        the draft's distributions and the model's own top-k unless the round names one)."""
+        sampling = request.sampling
+        if sampling.greedy:
+            done = accept_drafts(rows, drafts, None, sampling, rng)
+            return done.accepted, done.next_token
+        top_k = sampling.top_k or self.model.top_k
+        if not drafts:  # nothing to test: the hub samples its token
+            p = target_probs(rows[0], temperature=float(sampling.temperature or 1.0),
+                             top_p=sampling.top_p or 1.0, top_k=top_k)  # fmt: skip
+            return 0, int(np.searchsorted(np.cumsum(p), rng.random() * p.sum(), side="right"))
+        if request.draft_dists is None:
+            raise InvalidRequestError("a sampled round needs the draft's distributions")
+        vocab = self.model.vocab_size
+        dists = decode_draft_dists(request.draft_dists, k=len(request.drafts), vocab=vocab)
+        if len(drafts) < dists.k:  # drafts cut at the context
+            n = len(drafts)
+            dists = SparseDists(ids=dists.ids[:n], probs=dists.probs[:n], rest=dists.rest[:n],
+                                vocab=vocab)  # fmt: skip
+        done = accept_drafts(rows, drafts, dists, sampling, rng, top_k=top_k)
+        return done.accepted, done.next_token
 
     def _result(
         self, request: VerifyRequest, finish: VerifyFinish, accepted: int,

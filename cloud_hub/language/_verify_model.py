@@ -64,6 +64,8 @@ class VerifyModel:
             self.head_size = int(decoder["head_size"])
             self.vocab_size = int(model["vocab_size"])
             self.context = int(model["context_length"])
+            top_k = config.get("search", {}).get("top_k")
+            self.top_k = int(top_k) if top_k else None  # what the engine samples with
             eos = model.get("eos_token_id", [])
             self.eos = frozenset(int(t) for t in (eos if isinstance(eos, list) else [eos]))
             names = self._names(decoder)

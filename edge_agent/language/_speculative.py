@@ -2,13 +2,16 @@
 
 ``SpecStream`` is a ``TextStream`` (same iteration, ``close``, ``final``,
 ``GenerationRecord``) for ``preset="speculative"``. Each round the device
-model drafts ``k`` tokens (greedy, with its own generator), sends them to
-the hub in a ``VerifyRequest`` (``SpecLink``), and gets back how many the
-hub's model accepts plus the hub's own next token; it rewinds its generator
-to the committed length, appends the hub's token, and streams the
-committed text (``TextChunk``, ``source=cloud``: every token shown was
-checked by the hub). Only committed tokens are ever shown, so the output
-is the hub's own greedy decoding, token for token.
+model drafts ``k`` tokens with its own generator, sends them to the hub in
+a ``VerifyRequest`` (``SpecLink``), and gets back how many the hub's model
+accepts plus the hub's own next token; it rewinds its generator to the
+committed length, appends the hub's token, and streams the committed text
+(``TextChunk``, ``source=cloud``: every token shown was checked by the hub).
+Only committed tokens are ever shown. Greedy, the output is the hub's own
+greedy decoding, token for token; sampled (``Sampling`` with a temperature),
+each draft is drawn from the compressed row the hub tests it against
+(``_spec_sampling``), the rows travel with the round, and the hub's
+rejection rule makes the output follow the hub model's distribution.
 
 Drafting ahead: while a round is in flight the device keeps drafting the
 continuation that assumes every draft is accepted and that the hub's token
@@ -42,11 +45,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from shared import PublishHandle, VerifyFinish, VerifyRequest, VerifyResult
+from shared import PublishHandle, TextSampling, VerifyFinish, VerifyRequest, VerifyResult
 
 from .._errors import InferenceError, UplinkError
 from .._result import Source
 from ._cloud import CloudTextSettings, LinkFault
+from ._spec_sampling import draft_row, draw, pack
 from ._spec_stats import SpecStats
 from ._stream import FinishReason, Sampling, TextChunk, TextStream
 
@@ -89,8 +93,12 @@ class SpecStream(TextStream):
     def __init__(self, runtime: LanguageRuntime, prompt_ids: list[int], *, max_tokens: int,
                  sampling: Sampling, deadline_ms: float | None, preset: str, route: TextRoute,
                  plan: SpecPlan | None) -> None:  # fmt: skip
-        super().__init__(runtime, prompt_ids, max_tokens=max_tokens, sampling=sampling,
+        # The generator decodes greedily: a sampled turn draws its drafts here (``_draw``).
+        super().__init__(runtime, prompt_ids, max_tokens=max_tokens, sampling=Sampling(),
                          deadline_ms=deadline_ms, preset=preset, route=route)  # fmt: skip
+        self._draw = None if sampling.greedy else sampling
+        self._rng = np.random.default_rng(sampling.seed)
+        self._q: list[np.ndarray] = []  # a sampled turn: the row each draft was drawn from
         self._spec = plan
         self._session = uuid.uuid4().hex
         self._inbox: SpecInbox | None = None
@@ -166,11 +174,17 @@ class SpecStream(TextStream):
         if self._deadline_at is not None:
             budget = max(self._deadline_at - _now(), 1e-3) * 1000.0
         self._round += 1
+        wire, dists = TextSampling(), None
+        if self._draw is not None:
+            s = self._draw
+            wire = TextSampling(temperature=float(s.temperature or 1.0), top_p=s.top_p,
+                                top_k=s.top_k, seed=s.seed)  # fmt: skip
+            dists = pack(self._q[:k]) if k else None
         return VerifyRequest(
             request_id=uuid.uuid4().hex, model=plan.model, session=self._session,
             round=self._round, base=self._base, committed=tuple(self._unsent),
             drafts=tuple(self._drafts[:k]), max_tokens=left, device_id=plan.device_id,
-            timeout_ms=budget, sent_at_ms=time.time() * 1000.0,
+            timeout_ms=budget, sent_at_ms=time.time() * 1000.0, sampling=wire, draft_dists=dists,
         )  # fmt: skip
 
     def _await(self, request: VerifyRequest, handle: PublishHandle, k: int) -> VerifyResult | str:
@@ -225,7 +239,7 @@ class SpecStream(TextStream):
         ahead = self._drafts[k:]
         hit = a == k and verdict.tokens and ahead and ahead[0] == verdict.tokens[0]
         if hit:
-            self._drafts = ahead[1:]
+            self._drafts, self._q = ahead[1:], self._q[k + 1 :]
         elif verdict.tokens:
             # Rewind one further and feed the last kept id again with the hub's: appending
             # right after generate_next_token loses that step's id in ONNX Runtime GenAI
@@ -233,7 +247,7 @@ class SpecStream(TextStream):
             kept = [*self._prompt_ids, *self._out, *self._drafts[:a]]
             self._rewind(len(kept) - 1)
             self._append([kept[-1], *verdict.tokens])
-            self._drafts = []
+            self._drafts, self._q = [], []
         self._hub = verdict.hub or self._hub
         self._base, self._unsent = verdict.committed, []
         s = self._stats
@@ -268,13 +282,14 @@ class SpecStream(TextStream):
         ids = [*self._prompt_ids, *self._out]
         self._rewind(len(ids) - 1)  # the last committed id again, for its logits
         self._append(ids[-1:])
-        self._drafts = []
+        self._drafts, self._q = [], []
 
     def _alone_step(self) -> None:
         if not self._draft_one():
             self._finish(FinishReason.LENGTH)
             return
         token = self._drafts.pop()
+        self._q = []
         self._stats = dataclasses.replace(self._stats, alone_tokens=self._stats.alone_tokens + 1)
         self._commit([token], _ALONE)
 
@@ -326,6 +341,14 @@ class SpecStream(TextStream):
         try:
             generator.generate_next_token()
             token = int(generator.get_next_tokens()[0])
+            if self._draw is not None:  # draw from the row the hub will test against
+                q = draft_row(generator.get_logits(), self._draw)
+                self._q.append(q)
+                drawn = draw(q, self._rng)
+                if drawn != token:  # the greedy pick has no KV yet: drop it, feed the draw
+                    generator.rewind_to(len(self._prompt_ids) + len(self._out) + len(self._drafts))
+                    generator.append_tokens(np.asarray([drawn], dtype=np.int32))
+                    token = drawn
         except Exception as e:
             raise InferenceError(f"{self._runtime.kind} failed while drafting: {e}") from e
         self._draft_s += _now() - began

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shared import (
@@ -35,6 +35,7 @@ from .._errors import InvalidInputError, ModelLoadError
 from .._input_values import check_deadline
 from ._chat import Conversation
 from ._cloud import CloudPlan, CloudTextSettings, TextLink
+from ._draft_length import DraftLength
 from ._handoff import Handoff, HandoffPolicy
 from ._presets import Preset, TextRoute, route_text
 from ._runtime import LanguageRuntime
@@ -57,6 +58,7 @@ class CloudAccess:
     model: str
     settings: CloudTextSettings
     spec: SpecLink | None = None  # speculative rounds (verify topics)
+    draft_length: DraftControl = field(default_factory=lambda: DraftLength(ahead=True))
 
     @classmethod
     def open(
@@ -171,14 +173,12 @@ def _speculative(
         raise InvalidInputError("preset 'speculative' is for generate(); chat turns cannot use it")
     if handoff is not None:
         raise InvalidInputError("preset 'speculative' takes no handoff=")
-    if not sampling.greedy:
-        raise InvalidInputError("preset 'speculative' decodes greedily only in this build")
     if not (runtime.resumable and runtime.logits):
         raise InvalidInputError(
             f"preset 'speculative' needs a runtime that rewinds; {runtime.kind} does not"
         )
-    if draft_length is None:
-        draft_length = 4
+    if draft_length is None:  # the agent's own, learning the link across turns
+        draft_length = cloud.draft_length if cloud is not None else 4
     if isinstance(draft_length, bool) or (
         isinstance(draft_length, int) and not 0 <= draft_length <= MAX_DRAFTS
     ):
