@@ -20,6 +20,7 @@ import pytest
 from cloud_hub import Hub
 from cloud_hub.language import SessionLimits, VerifyModel, target_probs
 from edge_agent import EdgeAgent, FinishReason, InvalidInputError, Sampling, Source
+from edge_agent.language import DraftLength
 from shared import (
     ErrorCode,
     MqttSettings,
@@ -372,3 +373,16 @@ def test_the_broker_gone_mid_turn_the_device_finishes_it_alone_at_once(
     assert spec is not None and spec.rounds == 1 and record.degraded
     assert len(record.output_ids) == 20 and spec.alone_tokens == 20 - spec.accepted - 1
     assert not any("no verdict" in f for f in record.fallbacks), record.fallbacks  # no wait
+
+
+def test_the_adaptive_draft_length_is_fed_every_round(served: Served) -> None:
+    """A ``DraftLength`` given as ``draft_length`` learns the link from each verdict: every
+    draft of a copy of the hub model is accepted, so its acceptance is exactly 1."""
+    draft = DraftLength(start=2, k_max=6)
+    with spec_agent(served, "spec-adaptive", served.hub_model) as agent:
+        record = agent.generate(PROMPTS[0], max_tokens=30, preset="speculative",
+                                draft_length=draft).final()  # fmt: skip
+    spec = record.speculation
+    assert spec is not None and spec.k[0] == 2 and all(1 <= k <= 6 for k in spec.k[:-1])
+    assert draft.alpha == 1.0 and draft.rtt_s is not None and draft.rtt_s > 0
+    assert list(record.output_ids) == hub_greedy(served, PROMPTS[0], 30)
