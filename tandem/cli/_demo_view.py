@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ._llm_view import LLM_MODE_HELP
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -21,11 +23,15 @@ def demo(
         int, typer.Option(min=1, max=256, help="Edge agents in the simulated fleet.")
     ] = 8,
     budget: Annotated[
-        float,
+        float | None,
         typer.Option(
-            min=0.0, max=1.0, help="Share of requests the collaborative mode may offload."
+            min=0.0,
+            max=1.0,
+            help="Share of requests the collaborative mode may offload [default: 0.20]. With "
+            "--llm --mode collaborative: the hub's share of generated tokens [default: 0.30].",
+            show_default=False,
         ),
-    ] = 0.20,
+    ] = None,
     score: Annotated[
         str, typer.Option(help="Uncertainty score: margin, max_probability or entropy.")
     ] = "margin",
@@ -68,10 +74,11 @@ def demo(
             "--llm",
             help="Instead: the language models (trained here on Python's own docs on the first "
             "run: a few minutes, then cached) on held-out prompts, as edge_only, cloud_only and "
-            "prefer_edge (heavy turns to the hub); writes OUTPUT/llm_presets.png and "
-            "OUTPUT/llm_report.json.",
+            "prefer_edge (heavy turns to the hub), or the --mode asked; writes "
+            "OUTPUT/llm_<mode>.png (one per mode) and OUTPUT/llm_report.json.",
         ),
     ] = False,
+    mode: Annotated[str, typer.Option(help=LLM_MODE_HELP)] = "presets",
     prompts: Annotated[
         int, typer.Option(min=1, max=1000, help="With --llm: held-out prompts per preset.")
     ] = 24,
@@ -91,7 +98,10 @@ def demo(
     pydoc_data.topics (nothing downloaded), continue held-out text under three
     presets: edge_only, cloud_only, and prefer_edge, where a prompt whose predicted
     prefill + decode time on this device would miss --deadline-ms goes to the hub.
-    Quality is token agreement with the held-out continuation. Example:
+    Quality is token agreement with the held-out continuation. --mode collaborative
+    hands turns to the hub mid-turn within a budget of hub tokens; --mode speculative
+    lets the device draft and the hub verify (the hub's own text); --mode all runs the
+    three. Example:
     tandem demo --llm --prompts 12 --max-tokens 16 --output demo-llm
     """
     from rich.console import Console
@@ -105,8 +115,10 @@ def demo(
     if llm:
         from ._llm_view import run_llm
 
-        run_llm(prompts, max_tokens, deadline_ms, broker, cache_dir, output, console)
+        run_llm(prompts, max_tokens, deadline_ms, broker, cache_dir, output, console,
+                mode=mode, budget=budget)  # fmt: skip
         return
+    budget = 0.20 if budget is None else budget
     if drift:
         _drift(devices, budget, score, broker, cache_dir, output, console)
         return

@@ -1,19 +1,30 @@
-"""``tandem demo --llm``: progress, the per-preset table and the files, for a terminal."""
+"""``tandem demo --llm``: progress, one table per mode (a row per preset) and the files."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ..demo.language import LlmDemoConfig, LlmDemoReport
+    from ..demo.language import LlmDemoConfig, LlmDemoReport, PresetSummary
 
-__all__ = ["run_llm"]
+__all__ = ["LLM_MODES", "LLM_MODE_HELP", "run_llm"]
+
+# tandem.demo.language.MODES, named here so that the CLI's help does not import the demo
+LLM_MODES = ("presets", "collaborative", "speculative", "all")
+LLM_MODE_HELP = (
+    "With --llm: presets = edge_only, cloud_only, prefer_edge (heavy turns to the hub); "
+    "collaborative = edge_only, cloud_only, handoff (the device hands a turn to the hub "
+    "mid-turn, the hub's share of tokens held to --budget); speculative = cloud_only vs "
+    "speculative (the device drafts, the hub verifies: the same text, fewer hub passes); "
+    "all = the three."
+)
+LLM_BUDGET = 0.3
 
 
 def run_llm(
@@ -24,12 +35,17 @@ def run_llm(
     cache_dir: Path | None,
     output: Path,
     console: Console,
+    *,
+    mode: str = "presets",
+    budget: float | None = None,
 ) -> None:
     """Run the language demo, render it, write its files; one-line errors, exit status 1."""
     from ..broker import BrokerStartError
     from ..demo import DemoError
     from ..demo.language import LlmDemoConfig, write_llm_outputs
 
+    if mode not in LLM_MODES:
+        raise typer.BadParameter(f"use one of {', '.join(LLM_MODES)}", param_hint="--mode")
     try:
         config = LlmDemoConfig(
             prompts=prompts,
@@ -37,6 +53,8 @@ def run_llm(
             deadline_ms=deadline_ms,
             broker_url=broker,
             cache_dir=cache_dir,
+            mode=mode,
+            budget=LLM_BUDGET if budget is None else budget,
         )
         console.print(
             "language models: loaded from the cache, or trained on this machine first "
@@ -48,7 +66,8 @@ def run_llm(
         console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(1) from e
     render_llm(report, console)
-    console.print(f"plot: {files.plot}   report: {files.report}   took {report.elapsed_s:.1f} s")
+    plots = ", ".join(str(p) for p in files.plots)
+    console.print(f"plots: {plots}   report: {files.report}   took {report.elapsed_s:.1f} s")
 
 
 def _run_with_progress(config: LlmDemoConfig, console: Console) -> LlmDemoReport:
@@ -60,20 +79,32 @@ def _run_with_progress(config: LlmDemoConfig, console: Console) -> LlmDemoReport
 
 
 def render_llm(report: LlmDemoReport, console: Console) -> None:
-    """The table (one row per preset) and what its columns mean."""
+    """One table per mode shown (a row per preset, the same columns, then the mode's own)
+    and what the columns mean."""
+    for mode in report.modes:
+        console.print(_table(report, mode))
+        console.print(_legend(report, mode))
+
+
+_COLUMNS = ("preset", "agree", "tok e/c", "turns e/c/b", "heavy", "late", "TTFT ms", "tok/s")
+_EXTRA = {
+    "presets": (),
+    "collaborative": ("agree hub", "hub share", "handed"),
+    "speculative": ("agree hub", "same text", "rounds", "acc/round", "hub fwd/tok", "total ms"),
+}
+
+
+def _table(report: LlmDemoReport, mode: str) -> Any:
     from rich.table import Table
 
     table = Table(
-        title=f"{len(report.prompts)} held-out prompts x {report.max_tokens} tokens, "
+        title=f"{mode}: {len(report.prompts)} held-out prompts x {report.max_tokens} tokens, "
         f"broker: {report.broker}"
     )
-    columns = (
-        "preset", "agree", "tok e/c", "turns e/c/b", "heavy", "late", "TTFT ms", "tok/s",
-    )  # fmt: skip
-    for column in columns:
+    for column in _COLUMNS + _EXTRA[mode]:
         table.add_column(column, justify="left" if column == "preset" else "right", no_wrap=True)
-    for p in report.presets:
-        table.add_row(
+    for p in report.rows(mode):
+        cells = [
             p.preset,
             f"{p.agreement:.1%}",
             f"{p.edge_tokens}/{p.cloud_tokens}",
@@ -82,20 +113,73 @@ def render_llm(report: LlmDemoReport, console: Console) -> None:
             str(p.deadline_turns),
             f"{_ms(p.ttft_p50_ms)}/{_ms(p.ttft_p99_ms)}",
             f"{_rate(p.tokens_per_s_p50)}/{_rate(p.tokens_per_s_p99)}",
-        )
-    console.print(table)
-    how = (
-        "auto: 40th percentile of the prompts' predicted times" if report.deadline_auto else "given"
-    )
-    rates = report.device_rates
-    console.print(
-        f"agreement: {report.quality_measure}.\n"
-        f"prefer_edge's deadline {report.deadline_ms:.2f} ms ({how}; device measured "
-        f"{rates['prefill']:,.0f} prompt tok/s, {rates['decode']:,.0f} decode tok/s): "
-        "heavy = predicted to miss it, sent to the hub; late = ended at the deadline. "
-        "edge_only and cloud_only run without a deadline. e/c/b: edge/cloud/both; "
+        ]
+        if mode == "collaborative":
+            share = p.cloud_tokens / p.tokens if p.tokens else math.nan
+            cells += [_pct(p.hub_agreement), _pct(share), f"{p.handed_off_turns}/{p.turns}"]
+        elif mode == "speculative":
+            cells += [_pct(p.hub_agreement), *_spec_cells(report, p)]
+        table.add_row(*cells)
+    return table
+
+
+def _spec_cells(report: LlmDemoReport, row: PresetSummary) -> list[str]:
+    total = f"{_ms(row.total_p50_ms)}/{_ms(row.total_p99_ms)}"
+    s = report.speculative
+    if row.preset != "speculative" or s is None:  # cloud_only: the reference, a pass a token
+        return ["ref", "-", "-", "1.00", total]
+    same = sum(s.identical)
+    return [
+        f"{'yes' if s.all_identical else 'NO'} {same}/{len(s.identical)}",
+        str(s.rounds),
+        f"{s.accepted_per_round:.2f}",
+        f"{s.passes_per_token:.2f}",
+        total,
+    ]
+
+
+def _legend(report: LlmDemoReport, mode: str) -> str:
+    common = (
+        f"agree: {report.quality_measure}. e/c/b: edge/cloud/both; "
         "TTFT and tok/s: p50/p99 (tok/s p99 is the slow tail)."
     )
+    if mode == "presets":
+        how = (
+            "auto: 40th percentile of the prompts' predicted times"
+            if report.deadline_auto
+            else "given"
+        )
+        rates = report.device_rates
+        return (
+            f"{common}\nprefer_edge's deadline {report.deadline_ms:.2f} ms ({how}; device "
+            f"measured {rates['prefill']:,.0f} prompt tok/s, {rates['decode']:,.0f} decode "
+            "tok/s): heavy = predicted to miss it, sent to the hub; late = ended at the "
+            "deadline. edge_only and cloud_only run without a deadline."
+        )
+    if mode == "collaborative" and report.collaborative is not None:
+        c = report.collaborative
+        return (
+            f"{common}\nagree hub: the same agreement with cloud_only's text on the prompt. "
+            f"handoff: a {c.score} window of {c.window} tokens, its threshold calibrated on "
+            f"{c.calibration_prompts} other held-out prompts to a hub token budget of "
+            f"{c.budget:.0%}, then adapting; hub share spent {_pct(c.realized_share)}; gap "
+            f"recovered {_pct(c.gap_recovered_hub)} (hub's text), "
+            f"{_pct(c.gap_recovered_heldout)} (held-out text)."
+        )
+    if mode == "speculative" and report.speculative is not None:
+        s = report.speculative
+        return (
+            f"{common}\nsame text: speculative's greedy tokens equal cloud_only's, prompts "
+            f"alike / prompts; acc/round: drafts accepted per round (k {s.mean_k:.1f} on "
+            f"average); hub fwd/tok: the hub's forward passes per generated token (counted "
+            f"by its {'verifier' if s.passes_source == 'hub' else 'rounds'}; cloud_only "
+            f"takes one a token); total ms: a turn end to end, p50/p99.\n{s.verdict()}"
+        )
+    return common
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.1%}"
 
 
 def _ms(value: float) -> str:
