@@ -78,7 +78,7 @@ def demo(
             "OUTPUT/llm_<mode>.png (one per mode) and OUTPUT/llm_report.json.",
         ),
     ] = False,
-    mode: Annotated[str, typer.Option(help=LLM_MODE_HELP)] = "presets",
+    mode: Annotated[str, typer.Option(help=LLM_MODE_HELP)] = "all",
     prompts: Annotated[
         int, typer.Option(min=1, max=1000, help="With --llm: held-out prompts per preset.")
     ] = 24,

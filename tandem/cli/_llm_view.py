@@ -22,7 +22,7 @@ LLM_MODE_HELP = (
     "collaborative = edge_only, cloud_only, handoff (the device hands a turn to the hub "
     "mid-turn, the hub's share of tokens held to --budget); speculative = cloud_only vs "
     "speculative (the device drafts, the hub verifies: the same text, fewer hub passes); "
-    "all = the three."
+    "all = the three (the default; about 6 s on 2 cores from the cached pair, presets alone 1 s)."
 )
 LLM_BUDGET = 0.3
 
@@ -79,32 +79,45 @@ def _run_with_progress(config: LlmDemoConfig, console: Console) -> LlmDemoReport
 
 
 def render_llm(report: LlmDemoReport, console: Console) -> None:
-    """One table per mode shown (a row per preset, the same columns, then the mode's own)
-    and what the columns mean."""
+    """Per mode shown: its table (a row per preset, the presets' columns), the figures the
+    mode adds (a second table), and what they mean; then what the common columns mean."""
     for mode in report.modes:
         console.print(_table(report, mode))
+        extra = _extra_table(report, mode)
+        if extra is not None:
+            console.print(extra)
         console.print(_legend(report, mode))
+    console.print(
+        f"agree: {report.quality_measure}. e/c/b: edge/cloud/both; "
+        "TTFT and tok/s: p50/p99 (tok/s p99 is the slow tail)."
+    )
 
 
 _COLUMNS = ("preset", "agree", "tok e/c", "turns e/c/b", "heavy", "late", "TTFT ms", "tok/s")
 _EXTRA = {
-    "presets": (),
-    "collaborative": ("agree hub", "hub share", "handed"),
-    "speculative": ("agree hub", "same text", "rounds", "acc/round", "hub fwd/tok", "total ms"),
-}
+    "collaborative": ("preset", "agree hub", "hub share", "handed off"),
+    "speculative": ("preset", "agree hub", "same text", "rounds", "acc/round", "hub fwd/tok",
+                    "total ms"),
+}  # fmt: skip
+
+
+def _new_table(columns: tuple[str, ...], title: str | None = None) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="left" if column == "preset" else "right", no_wrap=True)
+    return table
 
 
 def _table(report: LlmDemoReport, mode: str) -> Any:
-    from rich.table import Table
-
-    table = Table(
-        title=f"{mode}: {len(report.prompts)} held-out prompts x {report.max_tokens} tokens, "
-        f"broker: {report.broker}"
+    table = _new_table(
+        _COLUMNS,
+        f"{mode}: {len(report.prompts)} held-out prompts x {report.max_tokens} tokens, "
+        f"broker: {report.broker}",
     )
-    for column in _COLUMNS + _EXTRA[mode]:
-        table.add_column(column, justify="left" if column == "preset" else "right", no_wrap=True)
     for p in report.rows(mode):
-        cells = [
+        table.add_row(
             p.preset,
             f"{p.agreement:.1%}",
             f"{p.edge_tokens}/{p.cloud_tokens}",
@@ -113,13 +126,22 @@ def _table(report: LlmDemoReport, mode: str) -> Any:
             str(p.deadline_turns),
             f"{_ms(p.ttft_p50_ms)}/{_ms(p.ttft_p99_ms)}",
             f"{_rate(p.tokens_per_s_p50)}/{_rate(p.tokens_per_s_p99)}",
-        ]
+        )
+    return table
+
+
+def _extra_table(report: LlmDemoReport, mode: str) -> Any:
+    """The figures ``mode`` adds, a row per preset (``None`` for the presets mode)."""
+    if mode not in _EXTRA:
+        return None
+    table = _new_table(_EXTRA[mode])
+    for p in report.rows(mode):
         if mode == "collaborative":
             share = p.cloud_tokens / p.tokens if p.tokens else math.nan
-            cells += [_pct(p.hub_agreement), _pct(share), f"{p.handed_off_turns}/{p.turns}"]
-        elif mode == "speculative":
-            cells += [_pct(p.hub_agreement), *_spec_cells(report, p)]
-        table.add_row(*cells)
+            cells = [_pct(p.hub_agreement), _pct(share), f"{p.handed_off_turns}/{p.turns}"]
+        else:
+            cells = [_pct(p.hub_agreement), *_spec_cells(report, p)]
+        table.add_row(p.preset, *cells)
     return table
 
 
@@ -139,10 +161,6 @@ def _spec_cells(report: LlmDemoReport, row: PresetSummary) -> list[str]:
 
 
 def _legend(report: LlmDemoReport, mode: str) -> str:
-    common = (
-        f"agree: {report.quality_measure}. e/c/b: edge/cloud/both; "
-        "TTFT and tok/s: p50/p99 (tok/s p99 is the slow tail)."
-    )
     if mode == "presets":
         how = (
             "auto: 40th percentile of the prompts' predicted times"
@@ -151,7 +169,7 @@ def _legend(report: LlmDemoReport, mode: str) -> str:
         )
         rates = report.device_rates
         return (
-            f"{common}\nprefer_edge's deadline {report.deadline_ms:.2f} ms ({how}; device "
+            f"prefer_edge's deadline {report.deadline_ms:.2f} ms ({how}; device "
             f"measured {rates['prefill']:,.0f} prompt tok/s, {rates['decode']:,.0f} decode "
             "tok/s): heavy = predicted to miss it, sent to the hub; late = ended at the "
             "deadline. edge_only and cloud_only run without a deadline."
@@ -159,23 +177,24 @@ def _legend(report: LlmDemoReport, mode: str) -> str:
     if mode == "collaborative" and report.collaborative is not None:
         c = report.collaborative
         return (
-            f"{common}\nagree hub: the same agreement with cloud_only's text on the prompt. "
-            f"handoff: a {c.score} window of {c.window} tokens, its threshold calibrated on "
+            "agree hub: token agreement with cloud_only's text on the same prompt. handoff: "
+            f"a {c.score} window of {c.window} tokens, its threshold calibrated on "
             f"{c.calibration_prompts} other held-out prompts to a hub token budget of "
-            f"{c.budget:.0%}, then adapting; hub share spent {_pct(c.realized_share)}; gap "
-            f"recovered {_pct(c.gap_recovered_hub)} (hub's text), "
-            f"{_pct(c.gap_recovered_heldout)} (held-out text)."
+            f"{c.budget:.0%}, then adapting: hub share spent {_pct(c.realized_share)}; gap "
+            f"recovered {_pct(c.gap_recovered_hub)} (agree hub), "
+            f"{_pct(c.gap_recovered_heldout)} (agree). No deadline in this mode."
         )
     if mode == "speculative" and report.speculative is not None:
         s = report.speculative
+        counted = "verifier" if s.passes_source == "hub" else "rounds"
         return (
-            f"{common}\nsame text: speculative's greedy tokens equal cloud_only's, prompts "
-            f"alike / prompts; acc/round: drafts accepted per round (k {s.mean_k:.1f} on "
-            f"average); hub fwd/tok: the hub's forward passes per generated token (counted "
-            f"by its {'verifier' if s.passes_source == 'hub' else 'rounds'}; cloud_only "
-            f"takes one a token); total ms: a turn end to end, p50/p99.\n{s.verdict()}"
+            "same text: speculative's greedy tokens equal cloud_only's (prompts alike / "
+            f"prompts); acc/round: drafts accepted per round (k {s.mean_k:.1f} on average); "
+            f"hub fwd/tok: the hub's forward passes per generated token (counted by its "
+            f"{counted}; cloud_only takes one a token); total ms: a turn end to end, "
+            f"p50/p99. No deadline in this mode.\n{s.verdict()}"
         )
-    return common
+    return ""
 
 
 def _pct(value: float | None) -> str:

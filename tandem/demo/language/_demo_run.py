@@ -75,7 +75,7 @@ class LlmDemoConfig:
     topic_prefix: str = "tandem/demo-llm"
     mode: str = "presets"  # one of _demo_modes.MODES
     budget: float = 0.3  # collaborative: the hub's share of generated tokens
-    calibration_prompts: int = 8  # collaborative: prompts the policy calibrates on (not shown)
+    calibration_prompts: int = 16  # collaborative: prompts the policy calibrates on (not shown)
 
     def __post_init__(self) -> None:
         problems = [
