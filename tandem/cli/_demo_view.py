@@ -74,8 +74,9 @@ def demo(
             "--llm",
             help="Instead: the language models (trained here on Python's own docs on the first "
             "run: a few minutes, then cached) on held-out prompts, as edge_only, cloud_only and "
-            "prefer_edge (heavy turns to the hub), or the --mode asked; writes "
-            "OUTPUT/llm_<mode>.png (one per mode) and OUTPUT/llm_report.json.",
+            "prefer_edge (heavy turns to the hub), handoff under a budget and speculative "
+            "decoding (--mode); writes OUTPUT/llm_<mode>.png (one per mode) and "
+            "OUTPUT/llm_report.json.",
         ),
     ] = False,
     mode: Annotated[str, typer.Option(help=LLM_MODE_HELP)] = "all",
