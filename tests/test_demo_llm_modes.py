@@ -264,3 +264,10 @@ def test_cli_help_names_every_mode() -> None:
     assert "--mode" in result.output
     for mode in MODES:
         assert mode in result.output
+
+
+def test_cli_mode_without_llm_is_refused_at_once() -> None:
+    result = CliRunner().invoke(app, ["demo", "--mode", "speculative"])
+    assert result.exit_code == 2 and "--llm" in result.output
+    result = CliRunner().invoke(app, ["demo", "--llm", "--mode", "fast"])
+    assert result.exit_code == 2 and "presets" in result.output

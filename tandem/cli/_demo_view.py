@@ -79,7 +79,7 @@ def demo(
             "OUTPUT/llm_report.json.",
         ),
     ] = False,
-    mode: Annotated[str, typer.Option(help=LLM_MODE_HELP)] = "all",
+    mode: Annotated[str | None, typer.Option(help=LLM_MODE_HELP, show_default=False)] = None,
     prompts: Annotated[
         int, typer.Option(min=1, max=1000, help="With --llm: held-out prompts per preset.")
     ] = 24,
@@ -111,13 +111,15 @@ def demo(
 
     if score not in SCORES:
         raise typer.BadParameter(f"use one of {', '.join(SCORES)}", param_hint="--score")
+    if mode is not None and not llm:
+        raise typer.BadParameter("goes with --llm", param_hint="--mode")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console()
     if llm:
         from ._llm_view import run_llm
 
         run_llm(prompts, max_tokens, deadline_ms, broker, cache_dir, output, console,
-                mode=mode, budget=budget)  # fmt: skip
+                mode=mode or "all", budget=budget)  # fmt: skip
         return
     budget = 0.20 if budget is None else budget
     if drift:
