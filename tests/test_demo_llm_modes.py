@@ -140,7 +140,7 @@ def test_all_modes_end_to_end(
     assert collab["rows"] == list(MODE_ROWS["collaborative"])
     assert collab["realized_share"] == report.collaborative.realized_share  # type: ignore[union-attr]
     assert spec["all_identical"] is True and spec["identical"] == [True] * PROMPTS
-    assert len(data["calibration_prompts"]) == CALIBRATION
+    assert len(data["calibration_prompt_ids"]) == CALIBRATION
     assert {p["preset"] for p in data["presets"]} == set(report.turns)
     assert all(t["handoff_at"] is None for t in data["turns"]["edge_only"])
 

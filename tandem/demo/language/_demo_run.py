@@ -122,7 +122,11 @@ class LlmDemoReport:
         return modes_of(self.mode)
 
     def preset(self, name: str) -> PresetSummary:
-        return next(p for p in self.presets if p.preset == name)
+        """The summary of preset ``name``; ``ValueError`` if this run did not run it."""
+        found = [p for p in self.presets if p.preset == name]
+        if not found:
+            raise ValueError(f"preset {name!r} did not run in mode {self.mode!r}")
+        return found[0]
 
     def rows(self, mode: str) -> list[PresetSummary]:
         """One mode's table rows (``MODE_ROWS``)."""
@@ -139,7 +143,7 @@ class LlmDemoReport:
         return {
             "mode": self.mode,
             "modes": modes,
-            "calibration_prompts": [list(p.prompt_ids) for p in self.calibration],
+            "calibration_prompt_ids": [list(p.prompt_ids) for p in self.calibration],
             "quality_measure": self.quality_measure,
             "max_tokens": self.max_tokens,
             "deadline_ms": self.deadline_ms,
