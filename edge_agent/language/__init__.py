@@ -32,6 +32,7 @@ from ._confidence import (
     window_stats,
 )
 from ._draft_length import DraftLength, best_k, crossover, expected_tokens, round_seconds
+from ._generation import FinishReason, GenerationRecord, Sampling, TextChunk
 from ._handoff import HandoffPolicy, TurnWatch, replay, turn_peak
 from ._litert_runtime import LiteRTLanguageRuntime
 from ._loader import load_language_runtime
@@ -41,14 +42,7 @@ from ._prompt_score import PROMPT_FEATURES, PromptScore, prompt_score
 from ._runtime import LanguageRuntime
 from ._spec_stats import SpecStats
 from ._speculative import DraftControl, SpecStream
-from ._stream import (
-    AsyncTextStream,
-    FinishReason,
-    GenerationRecord,
-    Sampling,
-    TextChunk,
-    TextStream,
-)
+from ._stream import AsyncTextStream, TextStream
 from ._text_budget import (
     UNITS,
     Thresholds,
