@@ -41,7 +41,7 @@ from tandem.demo.language import (
     summarize_preset,
     write_llm_outputs,
 )
-from tandem.demo.language._demo_mode_run import handoff_window
+from tandem.demo.language._demo_mode_run import _with_hub_agreement, handoff_window
 from tandem.demo.language._demo_modes import speculative_facts
 
 from ._brokers import MosquittoProcess
@@ -162,7 +162,7 @@ def test_a_whole_budget_hands_every_turn_off_after_its_first_window(
     _check_rows(report)
     _check_collaborative(report)
     c = report.collaborative
-    assert c is not None
+    assert c is not None and c.calibrated_threshold == -math.inf  # under every window
     turns = report.turns["handoff"]
     assert all(t.handoff_at == c.window for t in turns if t.output_tokens > c.window)
     assert c.handed_off_turns == sum(t.output_tokens > c.window for t in turns) > 0
@@ -250,6 +250,18 @@ def _cloud(tokens: int, ttft: float | None, total: float) -> TurnFacts:
     return TurnFacts(prompt_tokens=5, output_tokens=tokens, edge_tokens=0, cloud_tokens=tokens,
                      side="cloud", agreement=0.0, ttft_ms=ttft, tokens_per_s=None,
                      total_ms=total, finish_reason="length", route_reason="cloud_only")  # fmt: skip
+
+
+def test_every_turn_is_compared_with_cloud_only_s_tokens_on_its_own_prompt() -> None:
+    turns = {"edge_only": [_cloud(2, 1.0, 2.0), _cloud(2, 1.0, 2.0)], "cloud_only": []}
+    turns["cloud_only"] = list(turns["edge_only"])
+    ids = {"edge_only": [(1, 2), (3, 9)], "cloud_only": [(1, 5), (3, 4)]}
+    out = _with_hub_agreement(turns, ids, ids["cloud_only"])
+    assert [t.hub_agreement for t in out["edge_only"]] == [0.5, 0.5]
+    assert [t.hub_agreement for t in out["cloud_only"]] == [1.0, 1.0]
+    ids["edge_only"] = [(1, 5), (9, 9)]
+    out = _with_hub_agreement(turns, ids, ids["cloud_only"])
+    assert [t.hub_agreement for t in out["edge_only"]] == [1.0, 0.0]  # prompt by prompt
 
 
 def test_hub_time_per_token_is_the_time_between_tokens_after_the_first() -> None:
