@@ -283,3 +283,7 @@ def test_cli_mode_without_llm_is_refused_at_once() -> None:
     assert result.exit_code == 2 and "--llm" in result.output
     result = CliRunner().invoke(app, ["demo", "--llm", "--mode", "fast"])
     assert result.exit_code == 2 and "presets" in result.output
+    result = CliRunner().invoke(app, ["demo", "--pair", "speculative"])
+    assert result.exit_code == 2 and "--llm" in result.output
+    result = CliRunner().invoke(app, ["demo", "--llm", "--pair", "huge"])
+    assert result.exit_code == 2 and "speculative" in result.output

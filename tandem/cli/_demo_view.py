@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from ._llm_view import LLM_MODE_HELP
+from ._llm_view import LLM_MODE_HELP, LLM_PAIR_HELP
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -80,6 +80,7 @@ def demo(
         ),
     ] = False,
     mode: Annotated[str | None, typer.Option(help=LLM_MODE_HELP, show_default=False)] = None,
+    pair: Annotated[str | None, typer.Option(help=LLM_PAIR_HELP, show_default=False)] = None,
     prompts: Annotated[
         int, typer.Option(min=1, max=1000, help="With --llm: held-out prompts per preset.")
     ] = 24,
@@ -111,15 +112,16 @@ def demo(
 
     if score not in SCORES:
         raise typer.BadParameter(f"use one of {', '.join(SCORES)}", param_hint="--score")
-    if mode is not None and not llm:
-        raise typer.BadParameter("goes with --llm", param_hint="--mode")
+    for name, value in (("--mode", mode), ("--pair", pair)):
+        if value is not None and not llm:
+            raise typer.BadParameter("goes with --llm", param_hint=name)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console()
     if llm:
         from ._llm_view import run_llm
 
         run_llm(prompts, max_tokens, deadline_ms, broker, cache_dir, output, console,
-                mode=mode or "all", budget=budget)  # fmt: skip
+                mode=mode or "all", budget=budget, pair=pair or "demo")  # fmt: skip
         return
     budget = 0.20 if budget is None else budget
     if drift:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
     from ..demo.language import LlmDemoConfig, LlmDemoReport, PresetSummary
 
-__all__ = ["LLM_MODES", "LLM_MODE_HELP", "run_llm"]
+__all__ = ["LLM_MODES", "LLM_MODE_HELP", "LLM_PAIRS", "LLM_PAIR_HELP", "run_llm"]
 
 # tandem.demo.language.MODES, named here so that the CLI's help does not import the demo
 LLM_MODES = ("presets", "collaborative", "speculative", "all")
@@ -25,6 +25,12 @@ LLM_MODE_HELP = (
     "all = the three (the default; about 6 s on 2 cores from the cached pair, presets alone 1 s)."
 )
 LLM_BUDGET = 0.3
+LLM_PAIRS = ("demo", "speculative")
+LLM_PAIR_HELP = (
+    "With --llm: the model pair. demo [default] = the default pair; speculative = a heavy "
+    "hub and a device model distilled from it (tandem.demo.language.SPECULATIVE_RECIPE, "
+    "about 6 minutes to build once on 2 cores), a hub slow enough here for speculation to pay."
+)
 
 
 def run_llm(
@@ -38,14 +44,17 @@ def run_llm(
     *,
     mode: str = "presets",
     budget: float | None = None,
+    pair: str = "demo",
 ) -> None:
     """Run the language demo, render it, write its files; one-line errors, exit status 1."""
     from ..broker import BrokerStartError
     from ..demo import DemoError
-    from ..demo.language import LlmDemoConfig, write_llm_outputs
+    from ..demo.language import SPECULATIVE_RECIPE, LlmDemoConfig, write_llm_outputs
 
     if mode not in LLM_MODES:
         raise typer.BadParameter(f"use one of {', '.join(LLM_MODES)}", param_hint="--mode")
+    if pair not in LLM_PAIRS:
+        raise typer.BadParameter(f"use one of {', '.join(LLM_PAIRS)}", param_hint="--pair")
     try:
         config = LlmDemoConfig(
             prompts=prompts,
@@ -55,6 +64,7 @@ def run_llm(
             cache_dir=cache_dir,
             mode=mode,
             budget=LLM_BUDGET if budget is None else budget,
+            recipe=SPECULATIVE_RECIPE if pair == "speculative" else None,
         )
         console.print(
             "language models: loaded from the cache, or trained on this machine first "

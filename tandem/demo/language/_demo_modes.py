@@ -199,7 +199,8 @@ class SpeculativeFacts:
         said = "slow enough for it to pay" if self.pays else "too fast for speculation to pay"
         return (
             f"crossover: {where} (acceptance {self.acceptance:.2f}, k {self.mean_k:.1f}, "
-            f"link {max(0.0, self.round_ms - self.hub_ms_per_token):.2f} ms, drafting "
+            f"rounds of {self.round_ms:.2f} ms taken as one hub token and "
+            f"{max(0.0, self.round_ms - self.hub_ms_per_token):.2f} ms of link, drafting "
             f"{self.draft_ms_per_token:.2f} ms a token); this hub takes "
             f"{self.hub_ms_per_token:.2f} ms a token: {said}. Measured end to end: "
             f"speculative {self.total_ms:.1f} ms, cloud_only {self.cloud_total_ms:.1f} ms (p50)."
