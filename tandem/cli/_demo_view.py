@@ -27,8 +27,8 @@ def demo(
         typer.Option(
             min=0.0,
             max=1.0,
-            help="Share of requests the collaborative mode may offload [default: 0.20]. With "
-            "--llm --mode collaborative: the hub's share of generated tokens [default: 0.30].",
+            help="Share of requests the collaborative mode may offload (default 0.20). With "
+            "--llm --mode collaborative: the hub's share of generated tokens (default 0.30).",
             show_default=False,
         ),
     ] = None,
@@ -39,8 +39,8 @@ def demo(
         float | None,
         typer.Option(
             min=0.001,
-            help="Deadline of each request [default: 250]. With --llm: prefer_edge's deadline "
-            "[default: the 40th percentile of the prompts' predicted times on this device].",
+            help="Deadline of each request (default 250). With --llm: prefer_edge's deadline "
+            "(default: the 40th percentile of the prompts' predicted times on this device).",
             show_default=False,
         ),
     ] = None,
@@ -97,14 +97,15 @@ def demo(
     the fleet's digits shift and one learning loop runs instead (OUTPUT/learning_loop.png).
 
     With --llm, a small device model (INT4) and a larger hub model, trained on
-    pydoc_data.topics (nothing downloaded), continue held-out text under three
-    presets: edge_only, cloud_only, and prefer_edge, where a prompt whose predicted
-    prefill + decode time on this device would miss --deadline-ms goes to the hub.
-    Quality is token agreement with the held-out continuation. --mode collaborative
-    hands turns to the hub mid-turn within a budget of hub tokens; --mode speculative
-    lets the device draft and the hub verify (the hub's own text); --mode all runs the
-    three. Example:
-    tandem demo --llm --prompts 12 --max-tokens 16 --output demo-llm
+    pydoc_data.topics (nothing downloaded), continue held-out text. --mode presets:
+    edge_only, cloud_only, and prefer_edge, where a prompt whose predicted prefill +
+    decode time on this device would miss --deadline-ms goes to the hub; --mode
+    collaborative hands turns to the hub mid-turn within a budget of hub tokens
+    (--budget); --mode speculative lets the device draft and the hub verify (the hub's
+    own text); --mode all (the default) runs the three. Quality is token agreement with
+    the held-out continuation. --pair speculative uses a heavy hub, where speculation
+    pays. Example:
+    tandem demo --llm --mode speculative --prompts 12 --max-tokens 16 --output demo-llm
     """
     from rich.console import Console
 

@@ -27,7 +27,7 @@ LLM_MODE_HELP = (
 LLM_BUDGET = 0.3
 LLM_PAIRS = ("demo", "speculative")
 LLM_PAIR_HELP = (
-    "With --llm: the model pair. demo [default] = the default pair; speculative = a heavy "
+    "With --llm: the model pair. demo (the default) = the default pair; speculative = a heavy "
     "hub and a device model distilled from it (tandem.demo.language.SPECULATIVE_RECIPE, "
     "about 6 minutes to build once on 2 cores), a hub slow enough here for speculation to pay."
 )
