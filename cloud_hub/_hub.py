@@ -5,7 +5,8 @@
 ``start`` brings parts up in dependency order (models loaded and warmed up,
 then batchers, then the MQTT subscription, so the first request finds
 everything ready; language models' turns come over the same session through
-the text front, ``cloud_hub.mqtt._text_front``); ``stop`` takes them down
+the text front, ``cloud_hub.mqtt._text_front``, and speculative rounds through
+the spec front beside it, ``cloud_hub.mqtt._spec_front``); ``stop`` takes them down
 in reverse: unsubscribe (no new requests; replies keep flowing; text turns
 still running are answered ``overloaded``, so their devices finish them),
 stop the batchers (queued requests are
@@ -58,13 +59,14 @@ from .batching._stats import BatcherStats
 from .collect._collector import ExampleCollector
 from .collect._metrics import CollectionCollector
 from .executors import Executor
-from .language import LanguageModels
+from .language import LanguageModels, SessionLimits
 from .language._metrics import LanguageCollector
 from .metrics._book import MetricsBook
 from .metrics._prometheus import HubMetrics
 from .mqtt._coalesce import Coalescing
 from .mqtt._crt_session import open_session
 from .mqtt._front import MqttFront
+from .mqtt._spec_front import SpecFront
 from .mqtt._text_front import TextFront
 from .repository._config import ModelConfig
 from .repository._repository import ModelRepository, ServedModel
@@ -88,6 +90,9 @@ class Hub:
     chunks coalesced per ``coalescing``): ``None`` turns it on when the repository
     holds a language model at ``start``. ``hub_id`` names this replica to devices (its
     chunks and finals carry it; a conversation's next turn is sent to it; default: random).
+    With the text front comes ``spec_front`` (``SpecFront``): devices' speculative-decoding
+    rounds verified against the same language models, their sessions bounded by
+    ``verify_sessions`` (``SessionLimits``).
     ``tracing``: spans of every answered
     request over MQTT and HTTP (``cloud_hub._tracing``, docs/tracing.md): a
     ``TracingSettings``, ``True``, ``False`` (off), or ``None``: the standard
@@ -111,6 +116,7 @@ class Hub:
         coalescing: Coalescing | None = None,
         hub_id: str | None = None,
         tracing: TracingSettings | bool | None = None,
+        verify_sessions: SessionLimits | None = None,
     ) -> None:
         if isinstance(repository, ModelRepository):
             self.repository, self._path, self._owns_repository = repository, None, False
@@ -132,6 +138,8 @@ class Hub:
         self.coalescing = coalescing
         self.hub_id = validate_name(hub_id or uuid.uuid4().hex[:8], "hub id")
         self.text_front: TextFront | None = None
+        self.spec_front: SpecFront | None = None  # speculative rounds, beside the text front
+        self.verify_sessions = verify_sessions
         self.tracing = tracing
         self.tracer: HubTracer | None = None  # opened by start when tracing is on, shut by stop
         self.collector: ExampleCollector | None = None  # set by start when a model collects
@@ -266,6 +274,11 @@ class Hub:
                         coalescing=self.coalescing,
                         hub_id=self.hub_id,
                     ).start()
+                    self.spec_front = SpecFront(
+                        self.language, session, topics=self.topics,
+                        share_group=self.share_group, limits=self.limits, hub_id=self.hub_id,
+                        session_limits=self.verify_sessions,
+                    ).start()  # fmt: skip
                 self.mqtt_front.start(wait_s=self.connect_timeout_s)
         except BaseException:
             self.stop()
@@ -282,10 +295,13 @@ class Hub:
         self._running = False
         worker, self.mqtt_front = self.mqtt_front, None
         text_front, self.text_front = self.text_front, None
+        spec_front, self.spec_front = self.spec_front, None
         if worker is not None:
             worker.pause()
         if text_front is not None:
             text_front.stop()  # its finals go out before the session stops
+        if spec_front is not None:
+            spec_front.stop()
         with self._lock:
             batchers = list(self._batchers.values())
             self._batchers.clear()

@@ -24,7 +24,14 @@ from ._policy import Decision, Route
 from ._result import InferenceResult
 from ._telemetry import ServingStats
 from ._tracing import CallTrace, step_of
-from .language import AsyncTextStream, Conversation, HandoffPolicy, Sampling, TextStream
+from .language import (
+    AsyncTextStream,
+    Conversation,
+    DraftControl,
+    HandoffPolicy,
+    Sampling,
+    TextStream,
+)
 from .language._turn import start_chat, start_generate
 
 __all__ = ["AgentStats", "AsyncEdgeAgent", "BaseAgent", "EdgeAgent"]
@@ -49,8 +56,8 @@ class EdgeAgent(BaseAgent):
         return self
 
     def close(self) -> None:
-        if self.text_link is not None:
-            self.text_link.detach()
+        if self._cloud_text is not None:
+            self._cloud_text.detach()
         if self.uplink is not None:
             self.uplink.stop()
         if self.runtime is not None:
@@ -95,6 +102,7 @@ class EdgeAgent(BaseAgent):
         deadline_ms: float | None = None,
         preset: str = "edge_only",
         handoff: HandoffPolicy | None = None,
+        draft_length: int | DraftControl | None = None,
     ) -> TextStream:
         """Generate text after ``prompt``: an iterator of ``TextChunk``, then ``.result``.
 
@@ -110,10 +118,14 @@ class EdgeAgent(BaseAgent):
         ``handoff`` (a ``HandoffPolicy``, kept across turns for its budget) says the
         device is unsure; with another preset it only scores the turn
         (``record.handoff_score``, what ``HandoffPolicy.calibrate`` takes).
+        ``speculative``: the device drafts ``draft_length`` tokens a round (an int, or
+        an adaptive ``DraftLength``), the hub verifies them; the text is the hub's
+        greedy decoding (``record.speculation`` counts rounds, drafts, acceptance).
         """
         return start_generate(
             self.language, prompt, max_tokens=max_tokens, sampling=sampling,
             deadline_ms=deadline_ms, preset=preset, cloud=self._cloud_text, handoff=handoff,
+            draft_length=draft_length,
         )  # fmt: skip
 
     def chat(
@@ -217,8 +229,8 @@ class AsyncEdgeAgent(BaseAgent):
         return self
 
     async def close(self) -> None:
-        if self.text_link is not None:
-            self.text_link.detach()
+        if self._cloud_text is not None:
+            self._cloud_text.detach()
         if self.uplink is not None:
             await asyncio.to_thread(self.uplink.stop)
         if self.runtime is not None:
@@ -262,12 +274,14 @@ class AsyncEdgeAgent(BaseAgent):
         deadline_ms: float | None = None,
         preset: str = "edge_only",
         handoff: HandoffPolicy | None = None,
+        draft_length: int | DraftControl | None = None,
     ) -> AsyncTextStream:
         """``EdgeAgent.generate`` as an async iterator (each step in a worker thread)."""
         return AsyncTextStream(
             start_generate(
                 self.language, prompt, max_tokens=max_tokens, sampling=sampling,
                 deadline_ms=deadline_ms, preset=preset, cloud=self._cloud_text, handoff=handoff,
+                draft_length=draft_length,
             )
         )  # fmt: skip
 

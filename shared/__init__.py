@@ -115,6 +115,17 @@ from ._package import (
 from ._paho_session import PahoSession
 from ._root import MAX_ROOT_ROTATIONS, ROLES, RoleKeys, RootMetadata, TrustedRoot, sign_root
 from ._signing import PublicKey, SigningKey, canonical_json, sign_document, verify_signed
+from ._spec_wire import (
+    MAX_DIST_BYTES,
+    MAX_DRAFTS,
+    VerifyClose,
+    VerifyFinish,
+    VerifyMessage,
+    VerifyRequest,
+    VerifyResult,
+    decode_verify_message,
+    encode_verify_message,
+)
 from ._status import UpdateState, UpdateStatus
 from ._tensor_spec import TensorSpec
 from ._tensors import (
@@ -158,7 +169,9 @@ __all__ = [
     "FORMAT_MINOR",
     "MAGIC",
     "MAX_BLOB_BYTES",
+    "MAX_DIST_BYTES",
     "MAX_DOCUMENT_BYTES",
+    "MAX_DRAFTS",
     "MAX_DRAFT_ROWS",
     "MAX_DRAFT_TOP",
     "MAX_EDGE_LABELS",
@@ -241,6 +254,11 @@ __all__ = [
     "UnsupportedVersionError",
     "UpdateState",
     "UpdateStatus",
+    "VerifyClose",
+    "VerifyFinish",
+    "VerifyMessage",
+    "VerifyRequest",
+    "VerifyResult",
     "apply_delta",
     "atomic_write_bytes",
     "atomic_writer",
@@ -258,6 +276,7 @@ __all__ = [
     "decode_sample",
     "decode_tensors",
     "decode_text_message",
+    "decode_verify_message",
     "decompress_blob",
     "device_client_id",
     "digest",
@@ -266,6 +285,7 @@ __all__ = [
     "encode_sample",
     "encode_tensors",
     "encode_text_message",
+    "encode_verify_message",
     "format_time",
     "fsync_directory",
     "genai_execution_provider",

@@ -21,6 +21,12 @@ All topics hang under one prefix (default ``tandem/v1``)::
                                          subscribes {prefix}/dev/+/cancel, not shared: the
                                          replica running the turn must hear it
     {prefix}/dev/{device}/text         the hub's chunks and finals for that device
+    {prefix}/dev/{device}/verify/{model}  speculative-decoding rounds of one device
+                                         (publishable by it alone); hubs subscribe
+                                         $share/{group}/{prefix}/dev/+/verify/+
+    {prefix}/dev/{device}/verify/{model}/{hub}  a session's later rounds, for the replica
+                                         holding its KV cache (as generate/+/{hub})
+    {prefix}/dev/{device}/verified     the hub's verdicts for that device
     {prefix}/dev/{device}/assign       retained: model versions the device should run
     {prefix}/dev/{device}/status       update and health reports
     {prefix}/dev/{device}/telemetry    periodic metrics
@@ -173,6 +179,44 @@ class Topics:
         if len(parts) not in (3, 4) or parts[1] != "generate":
             return None
         if not all(NAME_PATTERN.fullmatch(level) for level in parts[2:]):
+            return None
+        return RequestTopic(parts[2], parts[0], parts[3] if len(parts) == 4 else None)
+
+    def device_verify(self, device: str, model: str, hub: str | None = None) -> str:
+        """Where a device sends speculative rounds for ``model``: to any replica, or
+        (``hub``) to the one holding the session's KV cache."""
+        leaf = f"verify/{validate_name(model, 'model name')}"
+        if hub is not None:
+            leaf += f"/{validate_name(hub, 'hub id')}"
+        return self._device(device, leaf)
+
+    def device_verify_filter(self, share_group: str | None = None) -> str:
+        """The hubs' subscription to every device's first rounds (shared when a group is given)."""
+        topic = f"{self.prefix}/dev/+/verify/+"
+        if share_group is None:
+            return topic
+        return f"$share/{validate_name(share_group, 'share group')}/{topic}"
+
+    def hub_verify_filter(self, hub: str, share_group: str | None = None) -> str:
+        """One replica's subscription to the rounds sent to it alone."""
+        topic = f"{self.prefix}/dev/+/verify/+/{validate_name(hub, 'hub id')}"
+        if share_group is None:
+            return topic
+        return f"$share/{validate_name(share_group, 'share group')}/{topic}"
+
+    def verified(self, device: str) -> str:
+        """Where a hub answers a device's rounds (derived, never requested)."""
+        return self._device(device, "verified")
+
+    def parse_verify_topic(self, topic: str) -> RequestTopic | None:
+        """The device, model (and hub) of a verify topic; None if it is not one."""
+        head = f"{self.prefix}/dev/"
+        if not topic.startswith(head):
+            return None
+        parts = topic[len(head) :].split("/")
+        if len(parts) not in (3, 4) or parts[1] != "verify":
+            return None
+        if not all(NAME_PATTERN.fullmatch(level) for level in (parts[0], *parts[2:])):
             return None
         return RequestTopic(parts[2], parts[0], parts[3] if len(parts) == 4 else None)
 

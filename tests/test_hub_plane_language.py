@@ -427,3 +427,15 @@ def test_twenty_turns_with_the_executor_killed_in_five_lose_and_repeat_nothing(
             assert not record.degraded and record.text == hub_text[: len(record.text)]
             assert len(record.output_ids) == 30
     assert any(record.degraded for _, _, record in turns), "no kill caught a turn mid-stream"
+
+
+def test_a_speculative_turn_over_the_plane_is_the_hub_model_s_greedy_text(plane: Plane) -> None:
+    """The MQTT ingress verifies the device's drafts (its own ONNX Runtime session over the
+    repository's folder) and keeps the session: the text is the hub model's greedy text."""
+    with plane.agent("plane-spec-1") as agent:
+        record = agent.generate(PROMPT, max_tokens=30, preset="speculative").final()
+    expected = greedy_generate(plane.reference, PROMPT, 30)
+    assert record.output_ids == tuple(expected.tokens) and record.text == expected.text
+    assert not record.degraded and record.speculation is not None
+    assert record.speculation.rounds >= 1 and record.hub is not None
+    assert ".m" in record.hub  # the ingress process's own id: its later rounds came to it

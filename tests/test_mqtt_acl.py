@@ -511,3 +511,25 @@ def test_a_sticky_turn_reaches_its_hub_replica_and_a_device_cannot_send_one_in_a
     a.publish(f"{P}/dev/dev-a/generate/llm/hub-1", b"a's own sticky turn")
     hub.expect(f"{P}/dev/dev-a/generate/llm/hub-1", b"a's own sticky turn")
     hub.assert_nothing()
+
+
+def test_speculative_rounds_reach_the_hubs_and_a_device_cannot_round_or_listen_as_another(
+    connect: Any, pw: dict[str, str]
+) -> None:
+    """``…/dev/{self}/verify/{model}[/{hub}]`` out, ``…/dev/{self}/verified`` in: a device
+    publishing rounds in another's name reaches no hub, and hears none of its verdicts."""
+    hub = connect("hub", pw["hub"])
+    assert hub.subscribe(f"$share/hubs/{P}/dev/+/verify/+")
+    assert hub.subscribe(f"$share/hubs/{P}/dev/+/verify/+/hub-1")
+    a, b = connect("dev-a", pw["dev-a"]), connect("dev-b", pw["dev-b"])
+    assert b.subscribe(f"{P}/dev/dev-b/verified")
+    a.subscribe(f"{P}/dev/dev-b/verified")  # refused, or granted and delivered nothing
+    for topic in (f"{P}/dev/dev-b/verify/llm", f"{P}/dev/dev-b/verify/llm/hub-1"):
+        a.publish(topic, b"forged round in b's name")
+        b.publish(topic, b"b's own round")
+        hub.expect(topic, b"b's own round")  # nothing forged came first
+    a.publish(f"{P}/dev/dev-b/verified", b"forged verdict for b")
+    hub.publish(f"{P}/dev/dev-b/verified", b"real verdict")
+    b.expect(f"{P}/dev/dev-b/verified", b"real verdict")
+    a.assert_nothing()
+    hub.assert_nothing()

@@ -85,7 +85,11 @@ def test_acl_uses_the_prefix_and_user_names() -> None:
     assert "pattern write acme/v2/dev/%u/generate/+/+\n" in acl  # sticky turns
     assert "topic read acme/v2/dev/+/generate/+/+\n" in acl
     assert "pattern read acme/v2/dev/%u/text\n" in acl
-    assert "topic read acme/v2/dev/+/cancel\ntopic write acme/v2/dev/+/reply\n" in acl
+    assert "topic read acme/v2/dev/+/cancel\n" in acl
+    assert "pattern write acme/v2/dev/%u/verify/+\n" in acl  # speculative rounds
+    assert "pattern read acme/v2/dev/%u/verified\n" in acl
+    assert "topic read acme/v2/dev/+/verify/+/+\ntopic write acme/v2/dev/+/reply\n" in acl
+    assert "topic write acme/v2/dev/+/verified\n" in acl
     assert "user rollout\ntopic write acme/v2/dev/+/assign\n" in acl
     assert "tandem/v1" not in acl
 

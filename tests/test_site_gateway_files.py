@@ -68,11 +68,15 @@ def test_bridge_forwards_requests_and_reports_out_and_each_devices_replies_and_a
         (f"{p}/dev/+/generate/+", "out", 1),
         (f"{p}/dev/+/generate/+/+", "out", 1),  # sticky turns, for one hub replica
         (f"{p}/dev/+/cancel", "out", 1),
+        (f"{p}/dev/+/verify/+", "out", 1),  # speculative rounds
+        (f"{p}/dev/+/verify/+/+", "out", 1),
         (f"{p}/dev/cam-01/reply", "in", 0),
         (f"{p}/dev/cam-01/text", "in", 1),
+        (f"{p}/dev/cam-01/verified", "in", 1),
         (f"{p}/dev/cam-01/assign", "in", 1),
         (f"{p}/dev/cam-02/reply", "in", 0),
         (f"{p}/dev/cam-02/text", "in", 1),
+        (f"{p}/dev/cam-02/verified", "in", 1),
         (f"{p}/dev/cam-02/assign", "in", 1),
     }
     # A persistent session on both ends, under one stable name: what queues reports.
@@ -199,7 +203,7 @@ def test_adding_a_device_to_a_site_keeps_the_others_and_every_other_cloud_user(
     assert {t for t, d, _ in bridge_topics(first.bridge.read_text()) if d == "in"} == {
         f"{TOPICS.prefix}/dev/{d}/{leaf}"
         for d in more.site_devices
-        for leaf in ("reply", "text", "assign")
+        for leaf in ("reply", "text", "verified", "assign")
     }
     site_clients, _ = clients_and_roles(first.site)
     assert dynsec_password_matches(site_clients["cam-01"], first.passwords["cam-01"])  # kept

@@ -51,7 +51,7 @@ def test_routes_once_text_offload_exists() -> None:
 
 def test_preset_names_are_firebase_s() -> None:
     firebase = ["edge_only", "prefer_edge", "prefer_cloud", "cloud_only"]
-    assert [p.value for p in Preset] == [*firebase, "handoff"]  # and Tandem's own
+    assert [p.value for p in Preset] == [*firebase, "handoff", "speculative"]  # Tandem's own
     with pytest.raises(InvalidInputError, match="unknown preset 'PREFER_EDGE'"):
         Preset.parse("PREFER_EDGE")
     with pytest.raises(InvalidInputError, match="unknown preset 3"):

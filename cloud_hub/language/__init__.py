@@ -11,6 +11,9 @@ serves them (``hub.language``), ``cloud_hub.plane`` in a language executor
 process per model (``TurnEngine``: what both offer the fronts), and
 ``cloud_hub.http`` answers OpenAI's
 ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` for them.
+``Verifier`` checks a device's speculative drafts against a served model's
+ONNX graph on plain ONNX Runtime (``VerifyModel``; sessions bounded by
+``SessionLimits``), for ``cloud_hub.mqtt``'s ``SpecFront``.
 ``accept_drafts`` is speculative decoding's verification rule (greedy, or
 rejection sampling over ``target_probs``), pure.
 """
@@ -31,6 +34,9 @@ from ._models import (
 )
 from ._options import GenerationLimits, Sampling
 from ._turn import Sink, Turn, TurnEngine, TurnUpdate
+from ._verifier import Verifier
+from ._verify_model import VerifyModel
+from ._verify_sessions import SessionLimits
 from ._vllm import VllmEngine
 
 __all__ = [
@@ -44,10 +50,13 @@ __all__ = [
     "LanguageModels",
     "Sampling",
     "ServedLanguageModel",
+    "SessionLimits",
     "Sink",
     "Turn",
     "TurnEngine",
     "TurnUpdate",
+    "Verifier",
+    "VerifyModel",
     "VllmEngine",
     "accept_drafts",
     "check_turn",

@@ -42,6 +42,7 @@ from pathlib import Path
 
 from shared import (
     Limits,
+    MqttSession,
     MqttSettings,
     TlsSettings,
     Topics,
@@ -59,6 +60,7 @@ from ..metrics._book import BookDumper, MetricsBook, read_books
 from ..metrics._plane import BookRecorder, PlaneMetrics
 from ..mqtt._crt_session import open_session
 from ..mqtt._front import MqttFront
+from ..mqtt._spec_front import SpecFront
 from ..mqtt._text_front import TextFront
 from ..repository._repository import ModelRepository, model_configs
 from ._executor_loop import ExecutorLoop
@@ -119,6 +121,20 @@ def _language_models(spec: PlaneSpec, ingress_id: str) -> LanguageModels:
         client = LanguageClient(target.address, target.model, ingress_id=ingress_id)
         models.add_engine(target.model, client, version=target.version)
     return models
+
+
+def _spec_front(
+    spec: PlaneSpec, index: int, language: LanguageModels, session: MqttSession
+) -> SpecFront:
+    """Speculative rounds, verified in this ingress process (its own ONNX Runtime session
+    over the repository's version folder): the KV caches live here, so the later rounds
+    of a session come to this process alone, under a hub id of its own."""
+    repo = Path(spec.repo)
+    return SpecFront(
+        language, session, topics=Topics(spec.prefix), share_group=spec.share_group,
+        limits=Limits(), hub_id=f"{spec.hub_id}.m{index}",
+        model_dir=lambda served: repo / served.name / served.version,
+    )  # fmt: skip
 
 
 def _language_connected(models: LanguageModels) -> bool:
@@ -217,16 +233,19 @@ def run_mqtt_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
         tracer=_tracer(spec, ingress_id),
     )
     language = _language_models(spec, ingress_id)
-    text_front = None
+    text_front = spec_front = None
     if len(language):  # its turns go to the language executors, chunks come back here
         text_front = TextFront(language, session, topics=Topics(spec.prefix),
                                share_group=spec.share_group, limits=Limits(),
                                hub_id=spec.hub_id)  # fmt: skip
+        spec_front = _spec_front(spec, index, language, session)
     stopping = threading.Event()
     _on_stop_signals(stopping.set)
     _wait_for_executors(pool, len(spec.executors), stopping, language)
     if text_front is not None:
         text_front.start()
+    if spec_front is not None:
+        spec_front.start()
     front.start(wait_s=None)  # a broker that is down is waited for in the background
     deadline = time.monotonic() + _SUBSCRIBE_S
     while not session.subscribed.is_set() and not stopping.is_set():
@@ -257,6 +276,8 @@ def run_mqtt_ingress(spec: PlaneSpec, index: int, ready: Callable[[], None]) -> 
             pool.poll(0.05)
         if text_front is not None:
             text_front.stop()  # what still streams: "overloaded", finished elsewhere
+        if spec_front is not None:
+            spec_front.stop()  # rounds in flight time out: their devices finish alone
         front.stop(timeout_s=2.0)
     finally:
         language.close()

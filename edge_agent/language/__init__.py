@@ -9,7 +9,9 @@ heavy rule (``_presets``, pure); the hub's side of a turn over MQTT
 reorder buffer (``_reorder``, pure); handing a turn to the hub mid-turn
 (``HandoffPolicy``, ``_handoff``, over the window scores of ``_confidence``,
 both pure), before the first token on the prompt's score (``_prompt_score``),
-under a budget of turns or tokens (``_text_budget``, pure); the speculative
+under a budget of turns or tokens (``_text_budget``, pure); speculative
+decoding across the link (``SpecStream``, ``_speculative``, over
+``_spec_link`` and ``_spec_sampling``; ``SpecStats`` on its record) and its
 draft length (``DraftLength``, ``best_k``, ``crossover``, ``_draft_length``,
 pure). Importing it does not import
 ``onnxruntime_genai``; loading a model does. ``load_language_runtime`` picks
@@ -37,6 +39,8 @@ from ._presets import DeviceRates, Preset, TextRoute, is_heavy, predicted_ms, ro
 from ._prompt_router import PromptRouter
 from ._prompt_score import PROMPT_FEATURES, PromptScore, prompt_score
 from ._runtime import LanguageRuntime
+from ._spec_stats import SpecStats
+from ._speculative import DraftControl, SpecStream
 from ._stream import (
     AsyncTextStream,
     FinishReason,
@@ -63,6 +67,7 @@ __all__ = [
     "CloudTextSettings",
     "Conversation",
     "DeviceRates",
+    "DraftControl",
     "DraftLength",
     "FinishReason",
     "GenerationRecord",
@@ -74,6 +79,8 @@ __all__ = [
     "PromptScore",
     "Sampling",
     "ScoreWindow",
+    "SpecStats",
+    "SpecStream",
     "StepScore",
     "TextChunk",
     "TextRoute",

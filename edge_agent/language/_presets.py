@@ -10,6 +10,10 @@ The presets are the ones users know from Firebase AI Logic's hybrid API:
 * ``handoff``: Tandem's own: the device model starts the turn and hands it to
   the hub mid-turn when it becomes unsure (a ``HandoffPolicy``; see
   ``_handoff``). Routed like ``prefer_edge`` (a heavy turn goes to the hub).
+* ``speculative``: Tandem's own: the device model drafts, the hub's model
+  verifies each round (``_speculative``); the output is the hub's. Always
+  "edge" here (the device runs the loop); without a way to the hub it runs
+  on the device alone and says so in the route's notes.
 
 The **heavy rule**: a turn whose prefill and decode, predicted from this
 device's measured prompt and decode rates (tokens/s), would not finish
@@ -51,6 +55,7 @@ class Preset(enum.StrEnum):
     PREFER_CLOUD = "prefer_cloud"
     CLOUD_ONLY = "cloud_only"
     HANDOFF = "handoff"
+    SPECULATIVE = "speculative"
 
     @classmethod
     def parse(cls, value: object) -> Preset:
@@ -110,6 +115,9 @@ def route_text(
     preset = Preset.parse(preset)
     if preset is Preset.EDGE_ONLY:
         return TextRoute("edge", "edge_only")
+    if preset is Preset.SPECULATIVE:
+        notes = () if offload_available else (f"served as edge_only: {OFFLOAD_UNAVAILABLE}",)
+        return TextRoute("edge", "speculative", notes)
     if preset in (Preset.PREFER_EDGE, Preset.HANDOFF):
         if not is_heavy(prompt_tokens, max_tokens, deadline_ms, rates):
             if offload_available:

@@ -62,6 +62,7 @@ from ._presets import TextRoute
 if TYPE_CHECKING:
     from ._chat import Conversation
     from ._runtime import LanguageRuntime
+    from ._spec_stats import SpecStats
 
 __all__ = [
     "AsyncTextStream",
@@ -178,6 +179,7 @@ class GenerationRecord:
     handoff_at: int | None = None  # device tokens streamed before the hub took the turn over
     handoff_score: float | None = None  # the turn's peak window uncertainty (with a watch)
     prompt_score: float | None = None  # the prompt's mean NLL on the device (when scored)
+    speculation: SpecStats | None = None  # what a speculative turn did (_speculative)
 
 
 class TextStream(Iterator[TextChunk]):

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shared import (
+    MAX_DRAFTS,
     ConfigError,
     GenerateRequest,
     Limits,
@@ -34,9 +35,12 @@ from .._errors import InvalidInputError, ModelLoadError
 from .._input_values import check_deadline
 from ._chat import Conversation
 from ._cloud import CloudPlan, CloudTextSettings, TextLink
+from ._draft_length import DraftLength
 from ._handoff import Handoff, HandoffPolicy
 from ._presets import Preset, TextRoute, route_text
 from ._runtime import LanguageRuntime
+from ._spec_link import SpecLink
+from ._speculative import DraftControl, SpecPlan, SpecStream
 from ._stream import Sampling, TextStream
 
 if TYPE_CHECKING:
@@ -53,6 +57,8 @@ class CloudAccess:
     device_id: str
     model: str
     settings: CloudTextSettings
+    spec: SpecLink | None = None  # speculative rounds (verify topics)
+    draft_length: DraftControl = field(default_factory=lambda: DraftLength(ahead=True))
 
     @classmethod
     def open(
@@ -68,7 +74,14 @@ class CloudAccess:
             raise InvalidInputError(str(e)) from e
         text_link = TextLink(link, device_id, topics=topics, limits=limits)
         text_link.attach()
-        return cls(text_link, device_id, model, settings or CloudTextSettings())
+        spec = SpecLink(link, device_id, topics=topics, limits=limits)
+        spec.attach()
+        return cls(text_link, device_id, model, settings or CloudTextSettings(), spec)
+
+    def detach(self) -> None:
+        self.link.detach()
+        if self.spec is not None:
+            self.spec.detach()
 
 
 def _checked(
@@ -105,6 +118,7 @@ def _stream(
     cloud: CloudAccess | None,
     prompt_text: str,
     handoff: HandoffPolicy | None = None,
+    draft_length: int | DraftControl | None = None,
 ) -> TextStream:
     if prompt_total >= runtime.context_length:
         raise InvalidInputError(
@@ -119,6 +133,10 @@ def _stream(
         rates=runtime.rates,
         offload_available=cloud is not None,
     )
+    if chosen is Preset.SPECULATIVE:
+        return _speculative(runtime, ids, max_tokens=max_tokens, sampling=sampling,
+                            deadline_ms=deadline_ms, route=route, conversation=conversation,
+                            cloud=cloud, handoff=handoff, draft_length=draft_length)  # fmt: skip
     plan = None
     if route.side == "cloud":
         assert cloud is not None
@@ -134,6 +152,43 @@ def _stream(
         runtime, ids, max_tokens=max_tokens, sampling=sampling, deadline_ms=deadline_ms,
         preset=chosen.value, route=route, conversation=conversation, cloud=plan,
         handoff=splice,
+    )  # fmt: skip
+
+
+def _speculative(
+    runtime: LanguageRuntime,
+    ids: list[int],
+    *,
+    max_tokens: int,
+    sampling: Sampling,
+    deadline_ms: float | None,
+    route: TextRoute,
+    conversation: Conversation | None,
+    cloud: CloudAccess | None,
+    handoff: HandoffPolicy | None,
+    draft_length: int | DraftControl | None,
+) -> SpecStream:
+    """A ``speculative`` turn: refused at call time where it cannot run as documented."""
+    if conversation is not None:
+        raise InvalidInputError("preset 'speculative' is for generate(); chat turns cannot use it")
+    if handoff is not None:
+        raise InvalidInputError("preset 'speculative' takes no handoff=")
+    if not (runtime.resumable and runtime.logits):
+        raise InvalidInputError(
+            f"preset 'speculative' needs a runtime that rewinds; {runtime.kind} does not"
+        )
+    if draft_length is None:  # the agent's own, learning the link across turns
+        draft_length = cloud.draft_length if cloud is not None else 4
+    if isinstance(draft_length, bool) or (
+        isinstance(draft_length, int) and not 0 <= draft_length <= MAX_DRAFTS
+    ):
+        raise InvalidInputError(f"draft_length must be 0..{MAX_DRAFTS}, got {draft_length!r}")
+    plan = None
+    if cloud is not None and cloud.spec is not None:
+        plan = SpecPlan(cloud.spec, cloud.device_id, cloud.model, cloud.settings, draft_length)
+    return SpecStream(
+        runtime, ids, max_tokens=max_tokens, sampling=sampling, deadline_ms=deadline_ms,
+        preset=Preset.SPECULATIVE.value, route=route, plan=plan,
     )  # fmt: skip
 
 
@@ -203,6 +258,7 @@ def start_generate(
     preset: str,
     cloud: CloudAccess | None = None,
     handoff: HandoffPolicy | None = None,
+    draft_length: int | DraftControl | None = None,
 ) -> TextStream:
     model, max_tokens, sampling, deadline = _checked(runtime, max_tokens, sampling, deadline_ms)
     if not isinstance(prompt, str) or not prompt:
@@ -220,6 +276,7 @@ def start_generate(
     return _stream(
         model, ids, len(ids), max_tokens=max_tokens, sampling=sampling, deadline_ms=deadline,
         preset=preset, conversation=None, cloud=cloud, prompt_text=prompt, handoff=handoff,
+        draft_length=draft_length,
     )  # fmt: skip
 
 

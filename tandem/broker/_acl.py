@@ -13,12 +13,15 @@ Who may do what (``{p}`` is the topic prefix, ``%u`` the connecting username)::
     every user (pattern)  write {p}/dev/%u/infer/+   {p}/dev/%u/status   {p}/dev/%u/telemetry
                                 {p}/dev/%u/generate/+   {p}/dev/%u/generate/+/+ (sticky)
                                 {p}/dev/%u/cancel
+                                {p}/dev/%u/verify/+   {p}/dev/%u/verify/+/+ (speculative)
                           ({p}/infer/+ too with legacy_topics, for a migration)
                           read  {p}/dev/%u/reply   {p}/dev/%u/assign   {p}/dev/%u/text
+                                {p}/dev/%u/verified
     user <hub>            read  {p}/dev/+/infer/+   {p}/infer/+
                                 {p}/dev/+/generate/+   {p}/dev/+/generate/+/+
                                 {p}/dev/+/cancel
-                          write {p}/dev/+/reply   {p}/dev/+/text
+                                {p}/dev/+/verify/+   {p}/dev/+/verify/+/+
+                          write {p}/dev/+/reply   {p}/dev/+/text   {p}/dev/+/verified
     user <cdn>            write {p}/dev/+/assign
                           read  {p}/dev/+/status   {p}/dev/+/telemetry
 
@@ -221,10 +224,13 @@ def render_acl_file(
         f"pattern write {p}/dev/%u/generate/+\n"
         f"pattern write {p}/dev/%u/generate/+/+\n"
         f"pattern write {p}/dev/%u/cancel\n"
+        f"pattern write {p}/dev/%u/verify/+\n"
+        f"pattern write {p}/dev/%u/verify/+/+\n"
         f"pattern write {p}/dev/%u/status\n"
         f"pattern write {p}/dev/%u/telemetry\n"
         f"pattern read {p}/dev/%u/reply\n"
         f"pattern read {p}/dev/%u/text\n"
+        f"pattern read {p}/dev/%u/verified\n"
         f"pattern read {p}/dev/%u/assign\n"
         f"{legacy}"
         "\n"
@@ -235,8 +241,11 @@ def render_acl_file(
         f"topic read {p}/dev/+/generate/+\n"
         f"topic read {p}/dev/+/generate/+/+\n"
         f"topic read {p}/dev/+/cancel\n"
+        f"topic read {p}/dev/+/verify/+\n"
+        f"topic read {p}/dev/+/verify/+/+\n"
         f"topic write {p}/dev/+/reply\n"
         f"topic write {p}/dev/+/text\n"
+        f"topic write {p}/dev/+/verified\n"
         "\n"
         "# The CDN / rollout controller: assign versions, read what devices report.\n"
         f"user {cdn_user}\n"

@@ -16,6 +16,8 @@ are ``tandem-gateway-<site>``, and which forwards (``{p}`` the topic prefix,
     out  {p}/dev/+/generate/+/+  QoS 1  (sticky: one replica) } a lost chunk would
     out  {p}/dev/+/cancel      QoS 1   their cancels        } stall the turn
     in   {p}/dev/<d>/text      QoS 1   chunks and finals    }
+    out  {p}/dev/+/verify/+ (/+)  QoS 1  speculative rounds  }
+    in   {p}/dev/<d>/verified  QoS 1   their verdicts       }
     out  {p}/infer/+           QoS 0   requests of the first layout (``legacy_topics``)
     out  {p}/dev/+/status      QoS 2   update reports   } kept at the site while the
     out  {p}/dev/+/telemetry   QoS 2   heartbeats       } uplink is down, sent after
@@ -225,11 +227,14 @@ def render_bridge_config(
         f"topic {p}/dev/+/generate/+ out {opts.text_qos}",
         f"topic {p}/dev/+/generate/+/+ out {opts.text_qos}",
         f"topic {p}/dev/+/cancel out {opts.text_qos}",
+        f"topic {p}/dev/+/verify/+ out {opts.text_qos}",
+        f"topic {p}/dev/+/verify/+/+ out {opts.text_qos}",
         "# Replies, text and assignments in, for this site's devices only.",
     ]
     for device in names:
         lines.append(f"topic {p}/dev/{device}/reply in {opts.request_qos}")
         lines.append(f"topic {p}/dev/{device}/text in {opts.text_qos}")
+        lines.append(f"topic {p}/dev/{device}/verified in {opts.text_qos}")
         lines.append(f"topic {p}/dev/{device}/assign in {opts.assign_qos}")
     return "\n".join(lines) + "\n"
 
@@ -257,8 +262,9 @@ def gateway_dynsec_role(
     return {"rolename": gateway_user(site), "acls": acls}
 
 
-_OUT_LEAVES = ("infer/+", "generate/+", "generate/+/+", "cancel", "status", "telemetry")
-_IN_LEAVES = ("reply", "text", "assign")
+_OUT_LEAVES = ("infer/+", "generate/+", "generate/+/+", "cancel", "verify/+", "verify/+/+",
+               "status", "telemetry")  # fmt: skip
+_IN_LEAVES = ("reply", "text", "verified", "assign")
 
 
 def gateway_acl_block(

@@ -12,21 +12,24 @@ the broker disconnect it)::
     client <device>   clientid = <device> (bound: the CONNECT must carry it)
       role tandem-device-<device>
         publishClientSend     {p}/dev/<device>/infer/+  generate/+  generate/+/+  cancel
-                              status  telemetry   (generate/+/+: a turn for one hub replica)
+                              verify/+  verify/+/+  status  telemetry   (generate/+/+,
+                              verify/+/+: for one hub replica)
                               ({p}/infer/+ too with legacy_topics, for a migration)
         subscribePattern      {p}/dev/<device>/#        (its own subtree only)
         publishClientReceive  {p}/dev/<device>/reply    {p}/dev/<device>/text
+                              {p}/dev/<device>/verified
                               {p}/dev/<device>/assign
     client <hub>      role tandem-hub
         subscribePattern      $share/<group>/{p}/dev/+/infer/+   {p}/dev/+/infer/+
                               $share/<group>/{p}/dev/+/generate/+   {p}/dev/+/generate/+
                               $share/<group>/{p}/dev/+/generate/+/+ {p}/dev/+/generate/+/+
+                              $share/<group>/{p}/dev/+/verify/+ (and /+/+), and unshared
                               {p}/dev/+/cancel   (never shared: every replica hears a cancel)
                               $share/<group>/{p}/infer/+         {p}/infer/+   (legacy)
         publishClientReceive  {p}/dev/+/infer/+   {p}/dev/+/generate/+   {p}/dev/+/cancel
-                              {p}/dev/+/generate/+/+
+                              {p}/dev/+/generate/+/+   {p}/dev/+/verify/+   (and /+/+)
                               {p}/infer/+
-        publishClientSend     {p}/dev/+/reply   {p}/dev/+/text
+        publishClientSend     {p}/dev/+/reply   {p}/dev/+/text   {p}/dev/+/verified
     client <cdn>      role tandem-cdn
         publishClientSend     {p}/dev/+/assign
         subscribePattern      {p}/dev/+/status   {p}/dev/+/telemetry
@@ -113,10 +116,11 @@ def _acl(kind: str, topic: str) -> dict[str, Any]:
 def _device_role(p: str, device: str, *, legacy_topics: bool) -> dict[str, Any]:
     own = f"{p}/dev/{device}"
     sends = [f"{own}/infer/+", f"{own}/generate/+", f"{own}/generate/+/+", f"{own}/cancel",
-             f"{own}/status", f"{own}/telemetry"]  # fmt: skip
+             f"{own}/verify/+", f"{own}/verify/+/+", f"{own}/status",
+             f"{own}/telemetry"]  # fmt: skip
     if legacy_topics:
         sends.append(f"{p}/infer/+")
-    reads = [f"{own}/reply", f"{own}/text", f"{own}/assign"]
+    reads = [f"{own}/reply", f"{own}/text", f"{own}/verified", f"{own}/assign"]
     return {
         "rolename": device_role_name(device),
         "acls": [_acl("publishClientSend", t) for t in sends]
@@ -127,7 +131,8 @@ def _device_role(p: str, device: str, *, legacy_topics: bool) -> dict[str, Any]:
 
 def _service_roles(p: str, share_group: str) -> list[dict[str, Any]]:
     sticky = f"{p}/dev/+/generate/+/+"  # turns for one replica (its ingress processes share)
-    requests = [f"{p}/dev/+/infer/+", f"{p}/dev/+/generate/+", sticky, f"{p}/infer/+"]
+    verify = [f"{p}/dev/+/verify/+", f"{p}/dev/+/verify/+/+"]  # speculative rounds
+    requests = [f"{p}/dev/+/infer/+", f"{p}/dev/+/generate/+", sticky, f"{p}/infer/+", *verify]
     cancels = f"{p}/dev/+/cancel"  # not shared: the replica running the turn must hear it
     subscriptions = [f"$share/{share_group}/{t}" for t in requests] + requests + [cancels]
     reports = [f"{p}/dev/+/status", f"{p}/dev/+/telemetry"]
@@ -136,7 +141,10 @@ def _service_roles(p: str, share_group: str) -> list[dict[str, Any]]:
             "rolename": _HUB_ROLE,
             "acls": [_acl("subscribePattern", t) for t in subscriptions]
             + [_acl("publishClientReceive", t) for t in [*requests, cancels]]
-            + [_acl("publishClientSend", t) for t in (f"{p}/dev/+/reply", f"{p}/dev/+/text")],
+            + [
+                _acl("publishClientSend", t)
+                for t in (f"{p}/dev/+/reply", f"{p}/dev/+/text", f"{p}/dev/+/verified")
+            ],
         },
         {
             "rolename": _CDN_ROLE,
