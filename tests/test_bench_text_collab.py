@@ -1,9 +1,11 @@
 """Bench part i (bench/text_collab.py) in quick mode on the tiny pair: a well-formed result.
 
 Structure, not figures: every row at every round trip, the targets in the
-report's shape, the rows other work fills marked absent (never a figure)
-while their presets do not exist, and a BENCHMARKS.md section rendered from
-the JSON. The crossover's arithmetic is checked on numbers worked by hand.
+report's shape, the speculative rows' text identical to cloud-only's on every
+prompt (greedy) with their round statistics, the handoff+budget rows from the
+quality measure (run once: link-independent) with its two tables, and a
+BENCHMARKS.md section rendered from the JSON. The crossover's arithmetic is
+checked on numbers worked by hand.
 """
 
 from __future__ import annotations
@@ -39,13 +41,28 @@ def test_quick_mode_writes_a_well_formed_result(tiny_language_models: Any, tmp_p
         assert all(t["edge_tokens"] == t["tokens"] for t in edge)  # the device answered
     for target in result["targets"]:
         assert set(target) == {"name", "target", "measured", "met", "limited_by"}
-    from edge_agent.language import Preset
-
-    if "speculative" not in {p.value for p in Preset}:
-        spec = [t for t in result["targets"] if t["name"].startswith("speculative")]
-        assert spec and all(t["met"] is None and t["measured"] == "not measured in this run"
-                            for t in spec)  # fmt: skip
-        assert all(not r["measured"] for r in result["data"]["results"]["speculative"].values())
+    names = [t["name"] for t in result["targets"]]
+    assert sum(n.startswith("speculative") for n in names) == 3
+    assert sum(n.startswith("handoff + budget") for n in names) == 3
+    assert all(t["measured"] != "not measured in this run" for t in result["targets"])
+    for rtt in rtts:
+        spec = result["data"]["results"]["speculative"][rtt]
+        assert spec["measured"] and spec["failed"] == 0
+        assert spec["identical"] == spec["prompts"] == text_collab.QUICK["prompts"]
+        assert all(t["speculation"] and t["speculation"]["rounds"] > 0 for t in spec["turns"])
+        assert spec["rounds"] == sum(t["speculation"]["rounds"] for t in spec["turns"])
+        assert 0 < spec["forwards_per_token"] <= 1.0  # a round commits at least one token
+        assert 1 <= spec["k"]["min"] <= spec["k"]["median"] <= spec["k"]["max"] <= 16
+        hand = result["data"]["results"]["handoff_budget"][rtt]
+        assert hand["measured"] and hand["link_independent"]
+    quality = result["data"]["quality"]
+    assert {"accuracy", "hub_loglik", "budget_adherence", "target"} <= set(quality)
+    titles = [t["title"] for t in result["tables"]]
+    assert any(t.startswith("Speculative decoding") for t in titles)
+    assert sum(t.startswith("Handoff + budget") for t in titles) == 2
+    spec_rows = next(t for t in result["tables"] if t["title"].startswith("Speculative"))
+    assert len(spec_rows["rows"]) == len(rtts)
+    assert all(len(r) == len(spec_rows["columns"]) for r in spec_rows["rows"])
     assert 0.0 <= result["data"]["agreement"]["agreement"] <= 1.0
     assert len(result["data"]["crossover"]) == len(rtts)
     pings = result["data"]["mqtt_round_trip_s"]
