@@ -20,6 +20,8 @@ import pytest
 from bench import text_collab
 from bench._report import render, write_result
 from bench._text_collab_cross import crossover_at, expected_tokens, hub_threshold_s
+from bench._text_collab_spec import spec_figures
+from bench._text_collab_tables import quality_targets
 
 
 def test_quick_mode_writes_a_well_formed_result(tiny_language_models: Any, tmp_path: Path) -> None:
@@ -91,3 +93,51 @@ def test_the_crossover_worked_by_hand() -> None:
     assert not fast_hub.wins and fast_hub.max_rtt_s < 0.1
     with pytest.raises(ValueError):
         expected_tokens(1.5, 2)
+
+
+def _spec_turn(tokens: int, rounds: int, drafted: int, accepted: int, e2e: float) -> dict:
+    stats = {"rounds": rounds, "drafted": drafted, "accepted": accepted,
+             "hub_tokens": rounds, "resent": 0, "ahead_used": 0, "alone_tokens": 0,
+             "rtt_ms": [10.0] * rounds, "k": [2] * (rounds - 1) + [4]}  # fmt: skip
+    return {"tokens": tokens, "e2e_s": e2e, "speculation": stats}
+
+
+def test_spec_figures_worked_by_hand() -> None:
+    spec = {"turns": [_spec_turn(6, 2, 6, 4, 0.1), _spec_turn(4, 2, 4, 2, 0.3)],
+            "texts": ["ab", "cd"], "e2e_s": 0.2}  # fmt: skip
+    cloud = {"measured": True, "turns": [{"e2e_s": 0.2}, {"e2e_s": 0.3}], "texts": ["ab", "cx"],
+             "e2e_s": 0.25}  # fmt: skip
+    got = spec_figures(spec, cloud)
+    assert got["forwards_per_token"] == pytest.approx(4 / 10)  # one hub forward a round
+    assert got["acceptance"] == pytest.approx(6 / 10)
+    assert got["tokens_per_round"] == pytest.approx((6 + 4) / 4)
+    assert got["k"] == {"median": 3, "min": 2, "max": 4}  # k: 2, 4, 2, 4
+    assert (got["identical"], got["prompts"], got["differs"]) == (1, 2, [1])
+    assert got["e2e_ratio"] == pytest.approx(0.8) and got["e2e_lower"] == pytest.approx(0.2)
+    assert got["e2e_ratio_per_prompt"] == pytest.approx(0.75)  # median of 0.5 and 1.0
+    with pytest.raises(ValueError):
+        spec_figures(spec, {**cloud, "texts": ["ab"]})
+
+
+def _quality(off: float) -> dict:
+    row = {"budget": 0.3, "hub_token_share": 0.3, "value": 0.5, "gap_recovered": 0.95,
+           "gap_se": 0.01}  # fmt: skip
+    part = {"edge": 0.1, "hub": 0.2, "positions": 10, "routers": {"prompt": [row]}}
+    share = {"share": 0.3 + off / 100, "off_by_points": off, "turns": 9}
+    best = {"router": "prompt", "gap_recovered": 0.95, "hub_token_share": 0.3, "gap_se": 0.01,
+            "met": True}  # fmt: skip
+    return {"accuracy": part, "hub_loglik": part, "settings": {"budget": 0.3},
+            "target": {"accuracy": best, "hub_loglik": best},
+            "budget_adherence": {f"{s}/{u}/adapt": share for s in
+                                 ("heldout", "longer_prompts", "other_documents")
+                                 for u in ("tokens", "turns")}}  # fmt: skip
+
+
+def test_the_budget_target_is_met_within_two_points_only() -> None:
+    gap_a, gap_b, share = quality_targets(_quality(1.9), quick=False)
+    assert gap_a["met"] and gap_b["met"] and share["met"] and share["limited_by"] is None
+    assert "95.0%" in gap_a["measured"]
+    assert quality_targets(_quality(-2.1), quick=False)[2]["met"] is False
+    assert all(t["met"] is None for t in quality_targets(_quality(0.0), quick=True))
+    assert all(t["measured"] == "not measured in this run"
+               for t in quality_targets({"error": "x"}, quick=False))  # fmt: skip
