@@ -9,6 +9,7 @@ from ._text_collab_tables import (
     NOT_RUN,
     quality_tables,
     quality_targets,
+    spec_notes,
     spec_table,
     spec_targets,
 )
@@ -207,6 +208,7 @@ def report(
             "cloud_only's time per token at the client passes through the hub's MQTT chunk "
             "coalescing as shipped (Coalescing(max_delay_s=0.02): a chunk at most every 20 ms),"
             " which would hide a hub faster than that; the crossover uses the engine's figure.",
+            *spec_notes(results, p),
             *_quality_notes(quality, quick),
             *notes,
         ],

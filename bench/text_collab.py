@@ -39,6 +39,7 @@ with a few short turns (the test's mode), and writes nowhere unless
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import sys
 import tempfile
@@ -205,6 +206,7 @@ def run(*, quick: bool = False, models: Any = None) -> dict[str, Any]:
     results: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in ROWS}
     relay_holds: dict[str, dict[str, float | None]] = {}
     pings: dict[str, float | None] = {}
+    loads: list[str] = []
     with (
         tempfile.TemporaryDirectory() as tmp,
         serving(models, prompts, max_tokens, Path(tmp)) as harness,
@@ -216,7 +218,8 @@ def run(*, quick: bool = False, models: Any = None) -> dict[str, Any]:
                     link.results[name] = results[name][f"{rtt:g}"] = row(harness, link)
                 relay_holds[f"{rtt:g}"] = _holds(link)
                 pings[f"{rtt:g}"] = _median(list(link.mqtt_round_trips()))
-        notes = list(harness.notes)
+                loads.append(f"{rtt:g} ms {os.getloadavg()[0]:.1f}")
+        notes = [*harness.notes, _load_note(loads)]
     from ._text_collab_report import report
 
     return report(
@@ -225,6 +228,15 @@ def run(*, quick: bool = False, models: Any = None) -> dict[str, Any]:
         quick=quick,
         prompts=count, max_tokens=max_tokens, crossover=crossover_at, quality=quality,
     )  # fmt: skip
+
+
+def _load_note(loads: list[str]) -> str:
+    return (
+        f"The machine's 1-minute load average after each round trip's rows ({os.cpu_count()} "
+        f"logical CPUs, shared with other jobs): {', '.join(loads)}. The rows of one round "
+        "trip run one after the other, so a load that changes between them moves their "
+        "ratios; the hub's time per token at its engine, per round trip, shows how much."
+    )
 
 
 def _quality(tiny: Any) -> dict[str, Any]:

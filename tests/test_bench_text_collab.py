@@ -141,3 +141,13 @@ def test_the_budget_target_is_met_within_two_points_only() -> None:
     assert all(t["met"] is None for t in quality_targets(_quality(0.0), quick=True))
     assert all(t["measured"] == "not measured in this run"
                for t in quality_targets({"error": "x"}, quick=False))  # fmt: skip
+
+
+def test_benchmarks_md_is_rendered_from_the_results() -> None:
+    # Every bench/results/*.json is a part (a file without "part" breaks the render), and
+    # BENCHMARKS.md is exactly what they render to (re-render after a part's run).
+    from bench._report import MARKDOWN, RESULTS_DIR
+
+    for path in RESULTS_DIR.glob("*.json"):
+        assert "part" in json.loads(path.read_text()), path.name
+    assert render(RESULTS_DIR, relative_to=MARKDOWN.parent) == MARKDOWN.read_text()
