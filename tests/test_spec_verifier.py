@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import threading
 from typing import Any
 
 import numpy as np
@@ -221,3 +222,70 @@ def test_stopping_answers_every_round_still_queued(hub_dir: Any, prompt_ids: lis
     assert {r.error for r in got} <= {ErrorCode.OK, ErrorCode.OVERLOADED}
     with pytest.raises(Exception, match="stopping"):
         verifier.submit("dev-q", dataclasses.replace(request, request_id="late"), answers.put)
+
+
+def test_a_batched_forward_of_fresh_sequences_equals_their_forwards_alone(
+    hub_dir: Any, prompt_ids: list[int]
+) -> None:
+    model = VerifyModel(hub_dir)
+    rows = [prompt_ids, prompt_ids[::-1], [(t + 7) % model.vocab_size for t in prompt_ids]]
+    for (logits, kv), row in zip(model.forward_batch(rows), rows, strict=True):
+        alone, alone_kv = model.forward(row, model.empty())
+        np.testing.assert_allclose(logits, alone, rtol=0, atol=1e-5)
+        for x, y in zip(kv, alone_kv, strict=True):
+            np.testing.assert_allclose(x, y, rtol=0, atol=1e-5)
+
+
+def test_fresh_rounds_waiting_at_once_run_in_one_forward_and_give_the_same_verdicts(
+    hub_dir: Any, prompt_ids: list[int]
+) -> None:
+    """Rounds queue behind a round whose reply holds the worker; released, the three fresh
+    sessions of one length run in one batched forward. Their verdicts, and the next round
+    of each (on the KV cache the batch left), are those of a verifier taking them alone."""
+    prompts = [prompt_ids, prompt_ids[::-1], [(t + 7) % 320 for t in prompt_ids]]
+    drafts = [[5, 6], [7, 8], [9, 10]]
+
+    def alone() -> list[tuple[Any, Any]]:
+        v = Verifier(VerifyModel(hub_dir))
+        try:
+            out = []
+            for i, (p, d) in enumerate(zip(prompts, drafts, strict=True)):
+                r = Rounds(v, device=f"d{i}")
+                first = r.send(base=0, committed=p, drafts=d)
+                second = r.send(base=first.committed, committed=[], drafts=[3])
+                out.append(((first.accepted, first.tokens), (second.accepted, second.tokens)))
+            return out
+        finally:
+            v.stop()
+
+    verifier = Verifier(VerifyModel(hub_dir))
+    try:
+        gate, held = threading.Event(), threading.Event()
+
+        def hold(_: VerifyResult) -> None:
+            held.set()
+            assert gate.wait(30)
+
+        blocker = VerifyRequest(request_id="b", model="tiny", session="b", round=1, base=0,
+                                committed=(1,), drafts=(), max_tokens=4)  # fmt: skip
+        verifier.submit("blocker", blocker, hold)
+        assert held.wait(30)
+        rounds = [Rounds(verifier, device=f"d{i}") for i in range(3)]
+        for i, r in enumerate(rounds):
+            r.round += 1
+            request = VerifyRequest(request_id="r1", model="tiny", session=r.session, round=1,
+                                    base=0, committed=tuple(prompts[i]), drafts=tuple(drafts[i]),
+                                    max_tokens=40)  # fmt: skip
+            verifier.submit(r.device, request, r.results.put)
+        forwards = verifier.stats()["verify_forwards"]
+        gate.set()
+        firsts = [r.results.get(timeout=30) for r in rounds]
+        assert verifier.stats()["verify_forwards"] == forwards + 1
+        assert verifier.stats()["verify_batched_rounds"] == 3
+        seconds = [r.send(base=f.committed, committed=[], drafts=[3])
+                   for r, f in zip(rounds, firsts, strict=True)]  # fmt: skip
+        got = [((f.accepted, f.tokens), (s.accepted, s.tokens))
+               for f, s in zip(firsts, seconds, strict=True)]  # fmt: skip
+    finally:
+        verifier.stop()
+    assert got == alone()

@@ -28,8 +28,11 @@ hold ``resend``, an expired round ``deadline_exceeded``, a failed forward
 ``internal``.
 
 Rounds waiting at once are taken together (``verify_batches`` counts the
-takes) but run one forward each: see ``_verify_model`` for why this graph
-cannot batch them. ``stats`` counts ``verify_forwards``, ``verify_rounds``
+takes). Those that start a session (no KV yet: a first round, or one sent
+again whole) and have the same number of ids run in one batched forward
+(``verify_batched_rounds``), exactly; every other round runs a forward of
+its own, since this graph's attention kernel takes no batch with a past
+(``_verify_model``). ``stats`` counts ``verify_forwards``, ``verify_rounds``
 and ``tokens_committed``, so forward passes per generated token is
 ``verify_forwards / tokens_committed``.
 """
@@ -37,6 +40,7 @@ and ``tokens_committed``, so forward passes per generated token is
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
@@ -59,7 +63,7 @@ from shared import (
 
 from .._errors import HubError, HubStoppingError, InvalidRequestError, error_code
 from ._accept import accept_drafts, target_probs
-from ._verify_model import VerifyModel
+from ._verify_model import KV, VerifyModel
 from ._verify_sessions import SessionLimits, VerifySession, VerifySessions
 
 __all__ = ["Reply", "Verifier"]
@@ -67,6 +71,18 @@ __all__ = ["Reply", "Verifier"]
 log = logging.getLogger(__name__)
 
 Reply = Callable[[VerifyResult], None]
+
+
+@dataclass
+class _Ready:
+    """A round ready for its forward: the session, the ids to run, how many of them were
+    committed before the drafts (``m``), the drafts."""
+
+    key: tuple[str, str]
+    session: VerifySession
+    ids: list[int]
+    m: int
+    drafts: list[int]
 
 
 @dataclass
@@ -145,40 +161,83 @@ class Verifier:
                 if self._closing:
                     break
                 self.counters["verify_batches"] += 1
-            for job in jobs:
-                self._one(job)
+            self._take(jobs)
         for job in jobs:  # rounds still queued: their devices go on alone at once
             if job.reply is not None and isinstance(job.message, VerifyRequest):
                 why = "the hub is stopping; finish the turn on the device"
                 job.reply(self._error(job.message, ErrorCode.OVERLOADED, why))
 
-    def _one(self, job: _Job) -> None:
-        message = job.message
-        if isinstance(message, VerifyClose):
-            with self._cond:
-                self.sessions.pop((job.device, message.session))
-            return
-        assert job.reply is not None
-        try:
-            if job.deadline is not None and time.monotonic() > job.deadline:
-                result = self._error(message, ErrorCode.DEADLINE_EXCEEDED,
-                                     "the round waited past its budget; not run")  # fmt: skip
+    def _take(self, jobs: list[_Job]) -> None:
+        """Prepare every round taken; run the fresh ones of one length in one forward."""
+        ready: list[tuple[_Job, _Ready]] = []
+        for job in jobs:
+            message = job.message
+            if isinstance(message, VerifyClose):
+                with self._cond:
+                    self.sessions.pop((job.device, message.session))
+                continue
+            out = self._guard(job, functools.partial(self._prepare, job))
+            if isinstance(out, VerifyResult):
+                self._reply(job, out)
             else:
-                result = self._round(job.device, message)
+                ready.append((job, out))
+        keys = [r.key for _, r in ready]
+        by_length: dict[int, list[tuple[_Job, _Ready]]] = {}
+        for job, r in ready:
+            if r.session.kv_len == 0 and keys.count(r.key) == 1:  # a fresh session, once
+                by_length.setdefault(len(r.ids), []).append((job, r))
+            else:
+                self._forward_one(job, r, None)
+        for group in by_length.values():
+            outputs: list[tuple[np.ndarray, KV]] | None = None
+            if len(group) > 1:  # exact: no past, no padding (``VerifyModel.forward_batch``)
+                try:
+                    outputs = self.model.forward_batch([r.ids for _, r in group])
+                    with self._cond:
+                        self.counters["verify_batched_rounds"] += len(group)
+                except Exception:
+                    log.exception("a batched verify forward failed; running its rounds alone")
+            for n, (job, r) in enumerate(group):
+                self._forward_one(job, r, None if outputs is None else outputs[n])
+
+    def _forward_one(self, job: _Job, ready: _Ready, done: tuple[np.ndarray, KV] | None) -> None:
+        """Complete a round from its batch's output, or from a forward of its own."""
+
+        def step() -> VerifyResult:
+            out = done if done is not None else self.model.forward(ready.ids, ready.session.kv)
+            return self._complete(job, ready, out)
+
+        self._reply(job, self._guard(job, step))
+
+    def _guard(self, job: _Job, step: Callable[[], Any]) -> Any:
+        """``step()``, or the typed error result its failure is (the session dropped: it may
+        be half updated, and its device goes on alone)."""
+        message = job.message
+        assert isinstance(message, VerifyRequest)
+        try:
+            return step()
         except (HubError, ProtocolError) as e:  # the round's own fault: typed
-            with self._cond:  # its session may be half updated: the device goes on alone
-                self.sessions.pop((job.device, message.session))
-            result = self._error(message, error_code(e), str(e))
+            error = self._error(message, error_code(e), str(e))
         except Exception as e:  # the model raised: this round fails, the hub keeps serving
             log.exception("verify round %s of %s failed", message.request_id, job.device)
-            with self._cond:
-                self.sessions.pop((job.device, message.session))
-            result = self._error(message, ErrorCode.INTERNAL, f"the forward pass failed: {e}")
+            error = self._error(message, ErrorCode.INTERNAL, f"the forward pass failed: {e}")
+        with self._cond:
+            self.sessions.pop((job.device, message.session))
+        return error
+
+    def _reply(self, job: _Job, result: VerifyResult) -> None:
         with self._cond:
             self.counters["errors" if result.finish is VerifyFinish.ERROR else "verify_rounds"] += 1
+        assert job.reply is not None
         job.reply(result)
 
-    def _round(self, device: str, request: VerifyRequest) -> VerifyResult:
+    def _prepare(self, job: _Job) -> VerifyResult | _Ready:
+        """The round's session (made, found or refused) and the ids of its forward."""
+        request, device = job.message, job.device
+        assert isinstance(request, VerifyRequest)
+        if job.deadline is not None and time.monotonic() > job.deadline:
+            return self._error(request, ErrorCode.DEADLINE_EXCEEDED,
+                               "the round waited past its budget; not run")  # fmt: skip
         key = (device, request.session)
         model = self.model
         bad = [t for t in (*request.committed, *request.drafts) if t >= model.vocab_size]
@@ -204,8 +263,14 @@ class Verifier:
             return self._result(request, VerifyFinish.LENGTH, 0, (), len(session.tokens))
         drafts = list(request.drafts[: model.context - len(session.tokens)])
         tail = session.tokens[session.kv_len :]
-        logits, present = model.forward(tail + drafts, session.kv)
-        m = len(tail)
+        return _Ready(key, session, tail + drafts, len(tail), drafts)
+
+    def _complete(self, job: _Job, ready: _Ready, forward: tuple[np.ndarray, KV]) -> VerifyResult:
+        """Accept, commit, cut the KV cache back: the round's verdict."""
+        request = job.message
+        assert isinstance(request, VerifyRequest)
+        logits, present = forward
+        session, m, drafts, model = ready.session, ready.m, ready.drafts, self.model
         accepted, bonus = self._decide(request, logits[m - 1 : m + len(drafts)], drafts,
                                        session.rng)  # fmt: skip
         new = [*drafts[:accepted], bonus]
@@ -228,7 +293,7 @@ class Verifier:
             self.counters["tokens_committed"] += len(new)
             self.counters["drafts_received"] += len(request.drafts)
             self.counters["drafts_accepted"] += n_drafts
-            self.sessions.trim(keep=key)
+            self.sessions.trim(keep=ready.key)
         hub_tokens = tuple(new[n_drafts:])
         return self._result(request, finish, n_drafts, hub_tokens, len(session.tokens))
 

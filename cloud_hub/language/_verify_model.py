@@ -15,11 +15,12 @@ runs ``forward``: ``input_ids`` int64 ``[1, s]``, ``attention_mask`` int64
 ``[1, past + s]``, the past keys and values ``[1, kv_heads, past, head]``
 per layer, giving logits ``[1, s, vocab]`` for every position and the
 present keys and values ``[1, kv_heads, past + s, head]``. One sequence per
-call: the GroupQueryAttention kernel of these models refuses a batch above 1
-when ``s > 1`` and a past is given ("batch_size must be 1 when
-sequence_length > 1 and past context is given", ONNX Runtime 1.32), so
-rounds of several sessions cannot share one forward
-(``tests/test_spec_verifier.py`` keeps that refusal in sight).
+call once there is a past: the GroupQueryAttention kernel of these models
+refuses a batch above 1 when ``s > 1`` and a past is given ("batch_size must
+be 1 when sequence_length > 1 and past context is given", ONNX Runtime
+1.32; ``tests/test_spec_verifier.py`` keeps that refusal in sight). With no
+past it takes a batch: ``forward_batch`` runs several sequences of one
+length in one call, exactly (no padding; tested against ``forward``).
 """
 
 from __future__ import annotations
@@ -121,3 +122,22 @@ class VerifyModel:
         with self._lock:
             self.forwards += 1
         return np.asarray(outputs[0][0], dtype=np.float32), list(outputs[1:])
+
+    def forward_batch(self, rows: list[list[int]]) -> list[tuple[np.ndarray, KV]]:
+        """``forward`` of several sequences of one length after no past, in one run (exact:
+        no padding, and the kernel takes a batch when there is no past)."""
+        n = self._n
+        if len({len(r) for r in rows}) != 1:
+            raise ValueError("forward_batch takes sequences of one length")
+        b = len(rows)
+        feeds: dict[str, np.ndarray] = {
+            n.input_ids: np.asarray(rows, dtype=np.int64),
+            n.attention_mask: np.ones((b, len(rows[0])), dtype=np.int64),
+        }
+        shape = (b, self.kv_heads, 0, self.head_size)
+        feeds.update((name, np.zeros(shape, dtype=self._dtype)) for name in n.past)
+        outputs = self._session.run([n.logits, *n.present], feeds)
+        with self._lock:
+            self.forwards += 1
+        logits = np.asarray(outputs[0], dtype=np.float32)
+        return [(logits[i], [x[i : i + 1] for x in outputs[1:]]) for i in range(b)]

@@ -10,10 +10,10 @@ reorder buffer (``_reorder``, pure); handing a turn to the hub mid-turn
 (``HandoffPolicy``, ``_handoff``, over the window scores of ``_confidence``,
 both pure), before the first token on the prompt's score (``_prompt_score``),
 under a budget of turns or tokens (``_text_budget``, pure); speculative
-decoding across the link (``SpecStream``, ``_speculative``, over
-``_spec_link`` and ``_spec_sampling``; ``SpecStats`` on its record) and its
-draft length (``DraftLength``, ``best_k``, ``crossover``, ``_draft_length``,
-pure). Importing it does not import
+decoding across the link (``SpecStream``, ``_speculative``, over ``_spec_link``
+and ``_spec_sampling``; ``SpecStats`` on its record) and its draft length
+(``DraftLength``, ``best_k``, ``crossover``, ``_draft_length``, pure).
+Importing it does not import
 ``onnxruntime_genai``; loading a model does. ``load_language_runtime`` picks
 the runtime by the folder's contents: a ``.litertlm`` file runs on LiteRT-LM
 (``LiteRTLanguageRuntime``, ``_litert_runtime``, which imports ``litert_lm``
@@ -32,6 +32,7 @@ from ._confidence import (
     window_stats,
 )
 from ._draft_length import DraftLength, best_k, crossover, expected_tokens, round_seconds
+from ._generation import FinishReason, GenerationRecord, Sampling, TextChunk
 from ._handoff import HandoffPolicy, TurnWatch, replay, turn_peak
 from ._litert_runtime import LiteRTLanguageRuntime
 from ._loader import load_language_runtime
@@ -41,14 +42,7 @@ from ._prompt_score import PROMPT_FEATURES, PromptScore, prompt_score
 from ._runtime import LanguageRuntime
 from ._spec_stats import SpecStats
 from ._speculative import DraftControl, SpecStream
-from ._stream import (
-    AsyncTextStream,
-    FinishReason,
-    GenerationRecord,
-    Sampling,
-    TextChunk,
-    TextStream,
-)
+from ._stream import AsyncTextStream, TextStream
 from ._text_budget import (
     UNITS,
     Thresholds,

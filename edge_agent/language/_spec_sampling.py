@@ -20,7 +20,7 @@ import numpy as np
 
 from shared import decode_draft_dists, encode_draft_dists
 
-from ._stream import Sampling
+from ._generation import Sampling
 
 __all__ = ["TOP", "draft_row", "draw", "pack"]
 

@@ -50,9 +50,10 @@ from shared import PublishHandle, TextSampling, VerifyFinish, VerifyRequest, Ver
 from .._errors import InferenceError, UplinkError
 from .._result import Source
 from ._cloud import CloudTextSettings, LinkFault
+from ._generation import FinishReason, Sampling, TextChunk
 from ._spec_sampling import draft_row, draw, pack
 from ._spec_stats import SpecStats
-from ._stream import FinishReason, Sampling, TextChunk, TextStream
+from ._stream import TextStream
 
 if TYPE_CHECKING:
     from ._presets import TextRoute

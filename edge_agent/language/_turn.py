@@ -36,12 +36,13 @@ from .._input_values import check_deadline
 from ._chat import Conversation
 from ._cloud import CloudPlan, CloudTextSettings, TextLink
 from ._draft_length import DraftLength
+from ._generation import Sampling
 from ._handoff import Handoff, HandoffPolicy
 from ._presets import Preset, TextRoute, route_text
 from ._runtime import LanguageRuntime
 from ._spec_link import SpecLink
 from ._speculative import DraftControl, SpecPlan, SpecStream
-from ._stream import Sampling, TextStream
+from ._stream import TextStream
 
 if TYPE_CHECKING:
     from .._device_link import DeviceLink
