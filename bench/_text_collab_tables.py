@@ -123,7 +123,13 @@ def spec_notes(results: Results, p: float) -> list[str]:
         "real text (the weak hub's greedy text repeats itself), so the agreement-based "
         "prediction is pessimistic here. The column 'formula's time/token' puts the "
         "measured tokens per round and mean k into the same formula. The hub's forward "
-        "passes per token are rounds over tokens: its verifier runs one forward a round."
+        "passes per token are rounds over tokens: its verifier runs one forward a round.",
+        "Rejected drafts (rewound by the device) per round trip: "
+        + ", ".join(
+            f"{rtt} ms {r['drafted'] - r['accepted']} of {r['drafted']}" for rtt, r in spec.items()
+        )
+        + ": the identity with cloud_only holds across rejections, not only on rounds the "
+        "hub accepted whole.",
     ]
 
 
