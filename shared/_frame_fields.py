@@ -12,6 +12,7 @@ check raises a ``ProtocolError`` subclass (``FrameError``,
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,6 +36,7 @@ __all__ = [
     "error_of",
     "ids_of",
     "is_int",
+    "is_number",
     "kind_and_extra",
     "pack_message",
 ]
@@ -48,6 +50,16 @@ IDS = np.dtype("<i4")
 def is_int(value: object) -> bool:
     """An ``int`` and not a ``bool``."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: object) -> bool:
+    """A finite ``int`` or ``float``, not a ``bool``; an int too large for a float is not."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def check_id(value: object, what: str = "id") -> None:

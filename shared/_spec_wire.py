@@ -62,6 +62,7 @@ from ._frame_fields import (
     error_of,
     ids_of,
     is_int,
+    is_number,
     kind_and_extra,
     pack_message,
 )
@@ -141,7 +142,7 @@ class VerifyRequest:
                 )
         for name in ("timeout_ms", "sent_at_ms"):
             value = getattr(self, name)
-            if value is not None and not (_is_number(value) and 0 <= value < math.inf):
+            if value is not None and not (is_number(value) and 0 <= value < math.inf):
                 raise FrameError(f"{name} must be a non-negative number, got {value!r:.40}")
         check_extra(self.extra)
 
@@ -364,12 +365,6 @@ def _unpack(
         out.append(ids[at : at + n])
         at += n
     return out
-
-
-def _is_number(value: object) -> bool:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    return math.isfinite(value)
 
 
 def _check_count(value: object, what: str) -> None:

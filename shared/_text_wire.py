@@ -61,6 +61,7 @@ from ._frame_fields import (
     error_of,
     ids_of,
     is_int,
+    is_number,
     kind_and_extra,
     pack_message,
 )
@@ -100,9 +101,9 @@ class TextSampling:
 
     def __post_init__(self) -> None:
         t, p, k, s = self.temperature, self.top_p, self.top_k, self.seed
-        if t is not None and not (_is_number(t) and 0 < t < math.inf):
+        if t is not None and not (is_number(t) and 0 < t < math.inf):
             raise FrameError(f"sampling.temperature must be a finite number > 0, got {t!r:.40}")
-        if p is not None and not (_is_number(p) and 0 < p <= 1):
+        if p is not None and not (is_number(p) and 0 < p <= 1):
             raise FrameError(f"sampling.top_p must be in (0, 1], got {p!r:.40}")
         if k is not None and not (is_int(k) and 1 <= k <= MAX_TOKEN_ID):
             raise FrameError(f"sampling.top_k must be an integer >= 1, got {k!r:.40}")
@@ -179,7 +180,7 @@ class GenerateRequest:
             raise FrameError("sampling must be a TextSampling")
         for name in ("timeout_ms", "sent_at_ms"):
             value = getattr(self, name)
-            if value is not None and not (_is_number(value) and 0 <= value < math.inf):
+            if value is not None and not (is_number(value) and 0 <= value < math.inf):
                 raise FrameError(f"{name} must be a non-negative number, got {value!r:.40}")
         c = self.conversation
         if c is not None and not (
@@ -474,15 +475,6 @@ def _unpack_text(
         except UnicodeDecodeError as e:
             raise FrameError(f"text is not valid UTF-8: {e}") from e
     return text, ids_of(payload[text_len:])
-
-
-def _is_number(value: object) -> bool:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
 
 
 def _check_text(value: object, what: str) -> None:
