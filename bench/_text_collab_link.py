@@ -48,6 +48,7 @@ class Turn:
     text: str
     degraded: bool
     error: str | None
+    speculation: dict[str, Any] | None = None  # the record's SpecStats (speculative turns)
 
 
 @dataclass
@@ -78,7 +79,7 @@ class Link:
             preset=preset, prompt_tokens=len(prompt.prompt_ids), ttft_s=first, e2e_s=ended,
             tokens=record.edge_tokens + record.cloud_tokens, edge_tokens=record.edge_tokens,
             cloud_tokens=record.cloud_tokens, text="".join(parts), degraded=record.degraded,
-            error=record.error,
+            error=record.error, speculation=_spec_stats(record),
         )  # fmt: skip
 
     def mqtt_round_trips(self, n: int = 20) -> list[float]:
@@ -120,6 +121,14 @@ class Link:
         return [self.turn(p, preset) for p in self.prompts]
 
 
+def _spec_stats(record: Any) -> dict[str, Any] | None:
+    """A speculative turn's ``SpecStats`` as a plain dict (None for other presets)."""
+    import dataclasses
+
+    stats = getattr(record, "speculation", None)
+    return None if stats is None else dataclasses.asdict(stats)
+
+
 @dataclass
 class CollabHarness:
     """The pair, the prompts and the running broker and hub; ``link(rtt_ms)`` per round trip."""
@@ -132,6 +141,7 @@ class CollabHarness:
     prefix: str
     engine_log: Path
     notes: list[str] = field(default_factory=list)
+    quality: dict[str, Any] | None = None  # the handoff+budget measure, link-independent
 
     @contextlib.contextmanager
     def link(self, rtt_ms: float) -> Iterator[Link]:

@@ -5,12 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ._text_collab_tables import (
+    NOT_RUN,
+    quality_tables,
+    quality_targets,
+    spec_notes,
+    spec_table,
+    spec_targets,
+)
+
 __all__ = ["report"]
 
 TTFT_RATIO = 1 / 3
 TTFT_RTT = "50"
 HUB_TPOT_MS = (15.0, 40.0)
-NOT_RUN = "not measured in this run"
 
 
 def _ms(seconds: float | None) -> str:
@@ -49,31 +57,6 @@ def _hub_target(results: dict[str, dict[str, dict[str, Any]]], quick: bool) -> d
     return _target(name, f"{low:g}-{high:g} ms", f"{ms:.2f} ms", met,
                    "the tiny pair (quick mode)" if quick else
                    (None if met else "the hub's size against this CPU's load"))  # fmt: skip
-
-
-def _absent_targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-    spec = next(iter(results["speculative"].values()), {})
-    handoff = next(iter(results["handoff_budget"].values()), {})
-    spec_why = None if spec.get("measured") else spec.get("why")
-    hand_why = None if handoff.get("measured") else handoff.get("why")
-    rows = [
-        ("speculative: greedy output identical to cloud-only", "every prompt", spec_why),
-        ("speculative: end-to-end latency below cloud-only where the crossover says it wins",
-         ">= 35% lower", spec_why),
-        ("speculative: the hub's forward passes per generated token", "<= 0.5", spec_why),
-        ("handoff + budget: edge-to-hub quality gap recovered", ">= 90% with <= 30% hub tokens",
-         hand_why),
-        ("handoff + budget: realized hub share against the budget", "within 2 points",
-         hand_why),
-    ]  # fmt: skip
-    out = []
-    for name, target, why in rows:
-        if why is None:
-            out.append(_target(name, target, "measured: see data", None,
-                               "figures in data; not yet summarised by this part"))  # fmt: skip
-        else:
-            out.append(_target(name, target, NOT_RUN, None, why))
-    return out
 
 
 def _latency_table(
@@ -139,23 +122,6 @@ def _crossover_table(
     return table, data
 
 
-def _absent_table(
-    results: dict[str, dict[str, dict[str, Any]]], rtts: Sequence[float]
-) -> dict[str, Any]:
-    rows = []
-    for name in ("speculative", "handoff_budget"):
-        for rtt in rtts:
-            got = results[name][f"{rtt:g}"]
-            if got.get("measured"):
-                rows.append([name, f"{rtt:g} ms", _ms(got.get("ttft_s")), _ms(got.get("e2e_s")),
-                             "measured"])  # fmt: skip
-            else:
-                rows.append([name, f"{rtt:g} ms", "-", "-", f"{NOT_RUN}: {got['why']}"])
-    return {"title": "Rows other work fills (absent until their presets and measures exist)",
-            "columns": ["row", "round trip", "TTFT", "end-to-end", "status"],
-            "rows": rows}  # fmt: skip
-
-
 def report(
     *,
     results: dict[str, dict[str, dict[str, Any]]],
@@ -170,7 +136,10 @@ def report(
     prompts: int,
     max_tokens: int,
     crossover: Callable[..., Any],
+    quality: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The part's result: targets beside their figures, tables, notes, and the raw data
+    (``results`` per row and round trip, ``quality``: the handoff+budget measure's own)."""
     p = float(agreement["agreement"])
     cross_table, cross_data = _crossover_table(results, rtts, p, crossover)
     wins_below = max((c["max_rtt_s"] for c in cross_data), default=None)
@@ -193,11 +162,17 @@ def report(
         "part": "text-collab",
         "title": "(i) Text collaboration across a delayed link",
         "summary": summary,
-        "targets": [_ttft_target(results), _hub_target(results, quick), *_absent_targets(results)],
+        "targets": [
+            _ttft_target(results),
+            _hub_target(results, quick),
+            *spec_targets(results, cross_data, p, quick),
+            *quality_targets(quality, quick),
+        ],
         "tables": [
             _latency_table(results, rtts, relay_holds, pings),
             cross_table,
-            _absent_table(results, rtts),
+            spec_table(results, rtts, cross_data),
+            *quality_tables(quality, quick),
         ],
         "plots": [],
         "notes": [
@@ -233,6 +208,8 @@ def report(
             "cloud_only's time per token at the client passes through the hub's MQTT chunk "
             "coalescing as shipped (Coalescing(max_delay_s=0.02): a chunk at most every 20 ms),"
             " which would hide a hub faster than that; the crossover uses the engine's figure.",
+            *spec_notes(results, p),
+            *_quality_notes(quality, quick),
             *notes,
         ],
         "data": {
@@ -243,5 +220,27 @@ def report(
             "mqtt_round_trip_s": pings,
             "rtts_ms": list(rtts),
             "quick": quick,
+            "quality": quality,
         },
     }
+
+
+def _quality_notes(quality: dict[str, Any] | None, quick: bool) -> list[str]:
+    if quality is None or "error" in quality:
+        return []
+    turns, settings = quality["turns"], quality["settings"]
+    pair = "the tiny pair" if quick else "the default pair, build_language_models()"
+    return [
+        "Handoff + budget (bench._text_collab_measure.measure_text_collaboration, run once "
+        f"before the links on {pair}): the quality is "
+        "link-independent, since it replays the device's and the hub's own steps on "
+        "held-out text and a round trip changes when tokens arrive, not which. "
+        f"{turns['calibration']} calibration and {turns['test']} test turns of "
+        f"{settings['max_tokens']} tokens (window score {settings['score']}, window "
+        f"{settings['window']}, {turns['other']} turns of training documents for the shift, "
+        f"{turns['router_fit']} to fit the learned router), {quality['seconds']} s. "
+        "(a) teacher-forced next-token accuracy grades against the real text; (b) the hub's "
+        "log-likelihood of the spliced greedy continuation grades what a user reads, by the "
+        "hub's own opinion. Gap recovered = (Q - Q edge only) / (Q hub only - Q edge only); "
+        "± is a bootstrap standard error over the test turns.",
+    ]

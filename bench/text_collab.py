@@ -16,21 +16,30 @@ one after the other, on the same held-out prompts:
 (c) the crossover (``bench._text_collab_cross``): from the hub's measured
     time per token, the device's, and the pair's teacher-forced greedy
     agreement, where speculative decoding would beat cloud-only streaming;
-(d) ``speculative`` and handoff plus budget: measured only where this build
-    has them (the ``speculative`` preset in ``edge_agent.language.Preset``;
-    the budget work's quality measure); otherwise their rows say "not
-    measured in this run", never a figure.
+(d) ``speculative`` (the preset of ``edge_agent.language``; the agent's
+    adaptive ``DraftLength``, drafting ahead): its text against cloud-only's
+    on every prompt (greedy: identical), end-to-end latency against
+    cloud-only's, the hub's forward passes per generated token (one per
+    verified round), acceptance, tokens per round and the ``k`` chosen
+    (``bench._text_collab_spec``), beside the crossover's prediction;
+(e) handoff plus budget: the budget work's measure
+    (``bench._text_collab_measure.measure_text_collaboration``) on the
+    DEFAULT pair (``build_language_models()``, cached), run once before the
+    hub starts: it replays the models' own steps on held-out text, so its
+    quality and budget adherence do not depend on the link, and every round
+    trip's row points to ``data.quality``.
 
 A row is a function ``(harness, link) -> dict`` (``ROWS``); a row's dict has
 ``measured`` (bool) and, when False, ``why``. ``--quick`` runs the tiny pair,
-two round trips and two prompts (the test's mode), and writes nowhere unless
+two round trips and two prompts, and the quality measure on the tiny pair
+with a few short turns (the test's mode), and writes nowhere unless
 ``--out`` says where.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
+import os
 import statistics
 import sys
 import tempfile
@@ -40,6 +49,7 @@ from typing import Any
 
 from ._text_collab_cross import crossover_at
 from ._text_collab_link import CollabHarness, Link, Turn, serving
+from ._text_collab_spec import spec_figures
 
 __all__ = ["ROWS", "run"]
 
@@ -47,6 +57,9 @@ RTTS_MS = (5.0, 20.0, 50.0, 100.0)
 PROMPTS = 12
 MAX_TOKENS = 48
 QUICK = {"rtts": (5.0, 50.0), "prompts": 2, "max_tokens": 6}
+# The quality measure in quick mode: the tiny pair, a few short turns (as its own test).
+QUICK_QUALITY = {"budgets": (0.3,), "max_tokens": 6, "stride": 200, "lengths": (8, 12, 16),
+                 "limit": 24, "other_limit": 12, "fit_limit": 24}  # fmt: skip
 AGREEMENT_POSITIONS = 8192  # held-out positions the part compares (as the build does)
 
 
@@ -101,24 +114,26 @@ def _preset_exists(name: str) -> bool:
 
 
 def speculative(harness: CollabHarness, link: Link) -> dict[str, Any]:
-    """The device drafts, the hub verifies: measured where the preset exists."""
+    """The device drafts, the hub verifies (the agent's adaptive ``DraftLength``): the text
+    against cloud-only's on the same link, the latency, the hub's forwards per token."""
     if not _preset_exists("speculative"):
         return _absent("no 'speculative' preset in edge_agent.language.Preset in this build")
     try:
         got = _summary(link.turns("speculative"))
     except Exception as e:  # a preset this part does not know how to drive yet: say so
         return _absent(f"the 'speculative' preset failed here ({type(e).__name__}: {e})")
-    cloud = link.results.get("cloud_only")
-    if cloud and cloud.get("measured"):
-        got["identical"] = sum(a == b for a, b in zip(got["texts"], cloud["texts"], strict=True))
+    got.update(spec_figures(got, link.results.get("cloud_only")))
     return got
 
 
 def handoff_budget(harness: CollabHarness, link: Link) -> dict[str, Any]:
-    """Handoff held to a budget, its quality gap recovered: the budget work's measure."""
-    if importlib.util.find_spec("bench._text_collab_quality") is None:
-        return _absent("the handoff-with-budget quality measure is not in this build")
-    return _absent("the budget work's quality measure is not wired into this part yet")
+    """Handoff held to a budget: the budget work's measure (``measure_text_collaboration``),
+    run once before the links (it replays the models' own steps, so no link changes it)."""
+    if harness.quality is None:
+        return _absent("the handoff-with-budget quality measure did not run")
+    if "error" in harness.quality:
+        return _absent(f"the quality measure failed ({harness.quality['error']})")
+    return {"measured": True, "link_independent": True, "see": "data.quality"}
 
 
 ROWS: dict[str, Callable[[CollabHarness, Link], dict[str, Any]]] = {
@@ -187,28 +202,56 @@ def run(*, quick: bool = False, models: Any = None) -> dict[str, Any]:
     max_tokens = int(QUICK["max_tokens"] if quick else MAX_TOKENS)  # type: ignore[call-overload]
     agreement, agreement_from = _agreement(models)
     prompts = _prompts(models, count, max_tokens)
+    quality = _quality(models if quick else None)  # before the hub runs: no CPU shared
     results: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in ROWS}
     relay_holds: dict[str, dict[str, float | None]] = {}
     pings: dict[str, float | None] = {}
+    loads: list[str] = []
     with (
         tempfile.TemporaryDirectory() as tmp,
         serving(models, prompts, max_tokens, Path(tmp)) as harness,
     ):
+        harness.quality = quality
         for rtt in rtts:
             with harness.link(rtt) as link:
                 for name, row in ROWS.items():
                     link.results[name] = results[name][f"{rtt:g}"] = row(harness, link)
                 relay_holds[f"{rtt:g}"] = _holds(link)
                 pings[f"{rtt:g}"] = _median(list(link.mqtt_round_trips()))
-        notes = list(harness.notes)
+                loads.append(f"{rtt:g} ms {os.getloadavg()[0]:.1f}")
+        notes = [*harness.notes, _load_note(loads)]
     from ._text_collab_report import report
 
     return report(
         results=results, rtts=rtts, models=models, agreement=agreement,
         agreement_from=agreement_from, relay_holds=relay_holds, pings=pings, notes=notes,
         quick=quick,
-        prompts=count, max_tokens=max_tokens, crossover=crossover_at,
+        prompts=count, max_tokens=max_tokens, crossover=crossover_at, quality=quality,
     )  # fmt: skip
+
+
+def _load_note(loads: list[str]) -> str:
+    return (
+        f"The machine's 1-minute load average after each round trip's rows ({os.cpu_count()} "
+        f"logical CPUs, shared with other jobs): {', '.join(loads)}. The rows of one round "
+        "trip run one after the other, so a load that changes between them moves their "
+        "ratios; the hub's time per token at its engine, per round trip, shows how much."
+    )
+
+
+def _quality(tiny: Any) -> dict[str, Any]:
+    """``measure_text_collaboration`` on the default pair (``build_language_models()``,
+    cached), or on ``tiny`` with the quick settings; a failure is kept as ``error``."""
+    from tandem.demo.language import build_language_models
+
+    from ._text_collab_measure import measure_text_collaboration
+
+    try:
+        if tiny is not None:
+            return measure_text_collaboration(tiny, **QUICK_QUALITY)  # type: ignore[arg-type]
+        return measure_text_collaboration(build_language_models())
+    except Exception as e:  # the part still reports its other rows, and says why
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def _holds(link: Link) -> dict[str, float | None]:

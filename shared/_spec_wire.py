@@ -49,11 +49,25 @@ from typing import Any
 
 import numpy as np
 
-from ._envelope import pack_frame, split_frame
+from ._envelope import split_frame
 from ._errors import ErrorCode, FrameError, LimitExceededError
+from ._frame_fields import (
+    IDS,
+    MAX_ERROR_MESSAGE,
+    check_extra,
+    check_id,
+    check_ids,
+    check_max_tokens,
+    check_name,
+    error_of,
+    ids_of,
+    is_int,
+    is_number,
+    kind_and_extra,
+    pack_message,
+)
 from ._limits import Limits
 from ._text_wire import TextSampling
-from ._topics import NAME_PATTERN
 
 __all__ = [
     "MAX_DIST_BYTES",
@@ -69,11 +83,7 @@ __all__ = [
 
 MAX_DRAFTS = 16  # draft tokens in one round
 MAX_DIST_BYTES = 256 * 1024  # the compressed draft distributions of one round
-_MAX_ID = 128
 _MAX_ROUND = 2**31 - 1
-_MAX_TOKEN_ID = 2**31 - 1
-_MAX_ERROR_MESSAGE = 1000
-_IDS = np.dtype("<i4")
 
 
 class VerifyFinish(enum.StrEnum):
@@ -105,17 +115,17 @@ class VerifyRequest:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_id(self.request_id, "id")
-        _check_id(self.session, "session")
-        _check_name(self.model, "model")
+        check_id(self.request_id, "id")
+        check_id(self.session, "session")
+        check_name(self.model, "model")
         if self.device_id is not None:
-            _check_name(self.device_id, "device")
+            check_name(self.device_id, "device")
         _check_count(self.round, "round")
         _check_count(self.base, "base")
-        if not (_is_int(self.max_tokens) and self.max_tokens >= 1):
+        if not (is_int(self.max_tokens) and self.max_tokens >= 1):
             raise FrameError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r:.40}")
-        object.__setattr__(self, "committed", _check_ids(self.committed, "committed"))
-        object.__setattr__(self, "drafts", _check_ids(self.drafts, "drafts"))
+        object.__setattr__(self, "committed", check_ids(self.committed, "committed"))
+        object.__setattr__(self, "drafts", check_ids(self.drafts, "drafts"))
         if len(self.drafts) > MAX_DRAFTS:
             raise LimitExceededError(f"{len(self.drafts)} drafts; the limit is {MAX_DRAFTS}")
         if self.base == 0 and not self.committed:
@@ -132,9 +142,9 @@ class VerifyRequest:
                 )
         for name in ("timeout_ms", "sent_at_ms"):
             value = getattr(self, name)
-            if value is not None and not (_is_number(value) and 0 <= value < math.inf):
+            if value is not None and not (is_number(value) and 0 <= value < math.inf):
                 raise FrameError(f"{name} must be a non-negative number, got {value!r:.40}")
-        _check_extra(self.extra)
+        check_extra(self.extra)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,11 +157,11 @@ class VerifyClose:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_id(self.request_id, "id")
-        _check_id(self.session, "session")
+        check_id(self.request_id, "id")
+        check_id(self.session, "session")
         if self.device_id is not None:
-            _check_name(self.device_id, "device")
-        _check_extra(self.extra)
+            check_name(self.device_id, "device")
+        check_extra(self.extra)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,16 +181,16 @@ class VerifyResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_id(self.request_id, "id")
-        _check_id(self.session, "session")
+        check_id(self.request_id, "id")
+        check_id(self.session, "session")
         _check_count(self.round, "round")
         try:
             object.__setattr__(self, "finish", VerifyFinish(self.finish))
         except ValueError:
             raise FrameError(f"unknown verify finish {self.finish!r:.40}") from None
-        if not (_is_int(self.accepted) and 0 <= self.accepted <= MAX_DRAFTS):
+        if not (is_int(self.accepted) and 0 <= self.accepted <= MAX_DRAFTS):
             raise FrameError(f"accepted must be an integer in 0..{MAX_DRAFTS}")
-        object.__setattr__(self, "tokens", _check_ids(self.tokens, "tokens"))
+        object.__setattr__(self, "tokens", check_ids(self.tokens, "tokens"))
         if len(self.tokens) > 1:
             raise FrameError(f"a round commits at most one hub token, got {len(self.tokens)}")
         if self.finish is VerifyFinish.MORE and not self.tokens:
@@ -192,10 +202,10 @@ class VerifyResult:
             raise FrameError("a result has an error code exactly when its finish is 'error'")
         if not isinstance(self.error_message, str):
             raise FrameError("error message must be text")
-        object.__setattr__(self, "error_message", self.error_message[:_MAX_ERROR_MESSAGE])
+        object.__setattr__(self, "error_message", self.error_message[:MAX_ERROR_MESSAGE])
         if self.hub is not None:
-            _check_name(self.hub, "hub")
-        _check_extra(self.extra)
+            check_name(self.hub, "hub")
+        check_extra(self.extra)
 
     @property
     def ok(self) -> bool:
@@ -235,7 +245,7 @@ def encode_verify_message(message: VerifyMessage) -> bytes:
             "dist_bytes": None if message.draft_dists is None else len(message.draft_dists),
         }
         header.update({k: v for k, v in optional.items() if v is not None})
-        payload = [np.asarray(message.committed + message.drafts, dtype=_IDS).tobytes()]
+        payload = [np.asarray(message.committed + message.drafts, dtype=IDS).tobytes()]
         if message.draft_dists is not None:
             payload.append(message.draft_dists)
     elif isinstance(message, VerifyClose):
@@ -253,11 +263,10 @@ def encode_verify_message(message: VerifyMessage) -> bytes:
             header["error"] = {"code": message.error.value, "message": message.error_message}
         if message.hub is not None:
             header["hub"] = message.hub
-        payload = [np.asarray(message.tokens, dtype=_IDS).tobytes()]
+        payload = [np.asarray(message.tokens, dtype=IDS).tobytes()]
     else:
         raise FrameError(f"not a verify message: {type(message).__name__}")
-    extra = {k: v for k, v in message.extra.items() if k not in _KNOWN[header["kind"]]}
-    return pack_frame({**extra, **header}, payload)
+    return pack_message(header, message.extra, _KNOWN, payload)
 
 
 def decode_verify_message(
@@ -266,10 +275,7 @@ def decode_verify_message(
     """Parse one frame (``ProtocolError`` subclasses; ``LimitExceededError`` over a limit)."""
     limits = limits or Limits()
     header, payload = split_frame(data, limits)
-    kind = header.get("kind")
-    if kind not in _KNOWN:
-        raise FrameError(f"kind must be one of {sorted(_KNOWN)}, got {kind!r:.40}")
-    extra = {k: v for k, v in header.items() if k not in _KNOWN[kind]}
+    kind, extra = kind_and_extra(header, _KNOWN)
     try:
         if kind == "verify_close":
             if len(payload):
@@ -292,18 +298,16 @@ def _request(
     header: dict[str, Any], payload: memoryview, extra: dict[str, Any], limits: Limits
 ) -> VerifyRequest:
     n_dist = header.get("dist_bytes")
-    if n_dist is not None and not (_is_int(n_dist) and 0 <= n_dist <= MAX_DIST_BYTES):
+    if n_dist is not None and not (is_int(n_dist) and 0 <= n_dist <= MAX_DIST_BYTES):
         raise LimitExceededError(f"dist_bytes must be 0..{MAX_DIST_BYTES}, got {n_dist!r:.40}")
     draft_count: Any = header.get("draft_count")
-    if _is_int(draft_count) and draft_count > MAX_DRAFTS:
+    if is_int(draft_count) and draft_count > MAX_DRAFTS:
         raise LimitExceededError(f"{draft_count} drafts; the limit is {MAX_DRAFTS}")
     committed, drafts = _unpack(
         payload, [header.get("committed_count"), draft_count], n_dist or 0, limits
     )
     max_tokens: Any = header.get("max_tokens")
-    if _is_int(max_tokens) and max_tokens > limits.max_output_tokens:
-        limit = limits.max_output_tokens
-        raise LimitExceededError(f"max_tokens {max_tokens}; the limit is {limit}")
+    check_max_tokens(max_tokens, limits)
     dists = None if n_dist is None else bytes(payload[len(payload) - n_dist :])
     return VerifyRequest(
         request_id=header.get("id"),  # type: ignore[arg-type]  # validated there
@@ -324,12 +328,7 @@ def _request(
 
 
 def _result(header: dict[str, Any], tokens: tuple[int, ...], extra: dict[str, Any]) -> VerifyResult:
-    error = header.get("error")
-    code, message = ErrorCode.OK, ""
-    if error is not None:
-        if not isinstance(error, dict):
-            raise FrameError("error must be an object with 'code' and 'message'")
-        code, message = ErrorCode.parse(error.get("code")), error.get("message", "")
+    code, message = error_of(header)
     return VerifyResult(
         request_id=header.get("id"),  # type: ignore[arg-type]  # validated there
         session=header.get("session"),  # type: ignore[arg-type]
@@ -339,7 +338,7 @@ def _result(header: dict[str, Any], tokens: tuple[int, ...], extra: dict[str, An
         tokens=tokens,
         committed=header.get("committed", 0),
         error=code,
-        error_message=message if isinstance(message, str) else str(message),
+        error_message=message,
         hub=header.get("hub"),
         extra=extra,
     )
@@ -350,62 +349,24 @@ def _unpack(
 ) -> list[tuple[int, ...]]:
     """Groups of ids, sizes checked against the limits and the payload before slicing."""
     for n in counts:
-        if not (_is_int(n) and n >= 0):
+        if not (is_int(n) and n >= 0):
             raise FrameError(f"an id count must be an integer >= 0, got {n!r:.40}")
     total = sum(counts)
     if total > limits.max_token_ids:
         raise LimitExceededError(f"{total} token ids; the limit is {limits.max_token_ids}")
-    if _IDS.itemsize * total + tail != len(payload):
+    if IDS.itemsize * total + tail != len(payload):
         raise FrameError(
             f"header describes {total} ids and {tail} distribution bytes, "
             f"but the payload has {len(payload)} bytes"
         )
-    ids = np.frombuffer(payload[: _IDS.itemsize * total], dtype=_IDS)
-    if ids.size and int(ids.min()) < 0:
-        raise FrameError("a token id is negative")
+    ids = ids_of(payload[: IDS.itemsize * total])
     out, at = [], 0
     for n in counts:
-        out.append(tuple(ids[at : at + n].tolist()))
+        out.append(ids[at : at + n])
         at += n
     return out
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    return math.isfinite(value)
-
-
 def _check_count(value: object, what: str) -> None:
-    if not (_is_int(value) and 0 <= value <= _MAX_ROUND):  # type: ignore[operator]
+    if not (is_int(value) and 0 <= value <= _MAX_ROUND):  # type: ignore[operator]
         raise FrameError(f"{what} must be an integer in 0..{_MAX_ROUND}, got {value!r:.40}")
-
-
-def _check_id(value: object, what: str) -> None:
-    if not isinstance(value, str) or not 0 < len(value) <= _MAX_ID or not value.isprintable():
-        raise FrameError(f"{what} must be 1-{_MAX_ID} printable characters, got {value!r:.60}")
-
-
-def _check_name(value: object, what: str) -> None:
-    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
-        raise FrameError(f"{what} must be a name (A-Z a-z 0-9 . _ -), got {value!r:.60}")
-
-
-def _check_ids(ids: object, what: str) -> tuple[int, ...]:
-    if isinstance(ids, np.ndarray):
-        ids = ids.tolist()
-    if not isinstance(ids, tuple | list):
-        raise FrameError(f"{what} must be a sequence of token ids")
-    for t in ids:
-        if not (_is_int(t) and 0 <= t <= _MAX_TOKEN_ID):
-            raise FrameError(f"{what}: token id {t!r:.40} is not in 0..{_MAX_TOKEN_ID}")
-    return tuple(ids)
-
-
-def _check_extra(extra: object) -> None:
-    if not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra):
-        raise FrameError("extra must be a dict with string keys")

@@ -47,10 +47,25 @@ from typing import Any
 
 import numpy as np
 
-from ._envelope import pack_frame, split_frame
+from ._envelope import split_frame
 from ._errors import ErrorCode, FrameError, LimitExceededError
+from ._frame_fields import (
+    IDS,
+    MAX_ERROR_MESSAGE,
+    MAX_TOKEN_ID,
+    check_extra,
+    check_id,
+    check_ids,
+    check_max_tokens,
+    check_name,
+    error_of,
+    ids_of,
+    is_int,
+    is_number,
+    kind_and_extra,
+    pack_message,
+)
 from ._limits import Limits
-from ._topics import NAME_PATTERN
 
 __all__ = [
     "GenerateCancel",
@@ -64,11 +79,7 @@ __all__ = [
     "encode_text_message",
 ]
 
-_MAX_ID = 128
 _MAX_CONVERSATION = 128
-_MAX_ERROR_MESSAGE = 1000
-_MAX_TOKEN_ID = 2**31 - 1
-_IDS = np.dtype("<i4")
 
 
 class GenerateFinish(enum.StrEnum):
@@ -90,13 +101,13 @@ class TextSampling:
 
     def __post_init__(self) -> None:
         t, p, k, s = self.temperature, self.top_p, self.top_k, self.seed
-        if t is not None and not (_is_number(t) and 0 < t < math.inf):
+        if t is not None and not (is_number(t) and 0 < t < math.inf):
             raise FrameError(f"sampling.temperature must be a finite number > 0, got {t!r:.40}")
-        if p is not None and not (_is_number(p) and 0 < p <= 1):
+        if p is not None and not (is_number(p) and 0 < p <= 1):
             raise FrameError(f"sampling.top_p must be in (0, 1], got {p!r:.40}")
-        if k is not None and not (_is_int(k) and 1 <= k <= _MAX_TOKEN_ID):
+        if k is not None and not (is_int(k) and 1 <= k <= MAX_TOKEN_ID):
             raise FrameError(f"sampling.top_k must be an integer >= 1, got {k!r:.40}")
-        if s is not None and not (_is_int(s) and 0 <= s < 2**63):
+        if s is not None and not (is_int(s) and 0 <= s < 2**63):
             raise FrameError(f"sampling.seed must be an integer in 0..2**63-1, got {s!r:.40}")
 
     @property
@@ -149,11 +160,11 @@ class GenerateRequest:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_id(self.request_id)
-        _check_name(self.model, "model")
+        check_id(self.request_id)
+        check_name(self.model, "model")
         if self.device_id is not None:
-            _check_name(self.device_id, "device")
-        if not (_is_int(self.max_tokens) and self.max_tokens >= 1):
+            check_name(self.device_id, "device")
+        if not (is_int(self.max_tokens) and self.max_tokens >= 1):
             raise FrameError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r:.40}")
         if self.prompt is None and self.prompt_ids is None:
             raise FrameError("a generate request needs a prompt (text or token ids)")
@@ -162,25 +173,25 @@ class GenerateRequest:
             if not self.prompt:
                 raise FrameError("the prompt is empty")
         if self.prompt_ids is not None:
-            object.__setattr__(self, "prompt_ids", _check_ids(self.prompt_ids, "prompt_ids"))
+            object.__setattr__(self, "prompt_ids", check_ids(self.prompt_ids, "prompt_ids"))
             if not self.prompt_ids:
                 raise FrameError("prompt_ids is empty")
         if not isinstance(self.sampling, TextSampling):
             raise FrameError("sampling must be a TextSampling")
         for name in ("timeout_ms", "sent_at_ms"):
             value = getattr(self, name)
-            if value is not None and not (_is_number(value) and 0 <= value < math.inf):
+            if value is not None and not (is_number(value) and 0 <= value < math.inf):
                 raise FrameError(f"{name} must be a non-negative number, got {value!r:.40}")
         c = self.conversation
         if c is not None and not (
             isinstance(c, str) and 0 < len(c) <= _MAX_CONVERSATION and c.isprintable()
         ):
             raise FrameError("conversation must be 1-128 printable characters")
-        if self.turn is not None and not (_is_int(self.turn) and self.turn >= 0):
+        if self.turn is not None and not (is_int(self.turn) and self.turn >= 0):
             raise FrameError(f"turn must be an integer >= 0, got {self.turn!r:.40}")
         if not isinstance(self.share, bool):
             raise FrameError("share must be true or false")
-        _check_extra(self.extra)
+        check_extra(self.extra)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,10 +203,10 @@ class GenerateCancel:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_id(self.request_id)
+        check_id(self.request_id)
         if self.device_id is not None:
-            _check_name(self.device_id, "device")
-        _check_extra(self.extra)
+            check_name(self.device_id, "device")
+        check_extra(self.extra)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,20 +222,20 @@ class GenerateChunk:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_id(self.request_id)
-        if not (_is_int(self.seq) and self.seq >= 0):
+        check_id(self.request_id)
+        if not (is_int(self.seq) and self.seq >= 0):
             raise FrameError(f"seq must be an integer >= 0, got {self.seq!r:.40}")
         if self.hub is not None:
-            _check_name(self.hub, "hub")
+            check_name(self.hub, "hub")
         _check_text(self.text, "text")
-        object.__setattr__(self, "token_ids", _check_ids(self.token_ids, "token_ids"))
+        object.__setattr__(self, "token_ids", check_ids(self.token_ids, "token_ids"))
         if self.tokens is None:
             object.__setattr__(self, "tokens", len(self.token_ids))
-        elif not (_is_int(self.tokens) and self.tokens >= 0):
+        elif not (is_int(self.tokens) and self.tokens >= 0):
             raise FrameError(f"tokens must be an integer >= 0, got {self.tokens!r:.40}")
         elif self.token_ids and self.tokens != len(self.token_ids):
             raise FrameError(f"tokens is {self.tokens} but {len(self.token_ids)} ids came")
-        _check_extra(self.extra)
+        check_extra(self.extra)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,28 +255,28 @@ class GenerateFinal:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_id(self.request_id)
-        if not (_is_int(self.seq) and self.seq >= 0):
+        check_id(self.request_id)
+        if not (is_int(self.seq) and self.seq >= 0):
             raise FrameError(f"seq must be an integer >= 0, got {self.seq!r:.40}")
         if self.hub is not None:
-            _check_name(self.hub, "hub")
+            check_name(self.hub, "hub")
         try:
             object.__setattr__(self, "finish", GenerateFinish(self.finish))
         except ValueError:
             raise FrameError(f"unknown finish reason {self.finish!r:.40}") from None
         for name in ("prompt_tokens", "completion_tokens", "cached_tokens"):
             value = getattr(self, name)
-            if not (_is_int(value) and value >= 0):
+            if not (is_int(value) and value >= 0):
                 raise FrameError(f"usage.{name} must be an integer >= 0, got {value!r:.40}")
         if not isinstance(self.error, ErrorCode):
             object.__setattr__(self, "error", ErrorCode.parse(self.error))
         if (self.finish is GenerateFinish.ERROR) != (self.error is not ErrorCode.OK):
             raise FrameError("a final has an error code exactly when its finish is 'error'")
         _check_text(self.error_message, "error message")
-        object.__setattr__(self, "error_message", self.error_message[:_MAX_ERROR_MESSAGE])
+        object.__setattr__(self, "error_message", self.error_message[:MAX_ERROR_MESSAGE])
         if self.model_version is not None:
-            _check_name(self.model_version, "version")
-        _check_extra(self.extra)
+            check_name(self.model_version, "version")
+        check_extra(self.extra)
 
     @property
     def ok(self) -> bool:
@@ -353,9 +364,7 @@ def encode_text_message(message: TextMessage) -> bytes:
             header["hub"] = message.hub
     else:
         raise FrameError(f"not a text message: {type(message).__name__}")
-    kind = header["kind"]
-    extra = {k: v for k, v in message.extra.items() if k not in _KNOWN[kind]}
-    return pack_frame({**extra, **header}, payload)
+    return pack_message(header, message.extra, _KNOWN, payload)
 
 
 def decode_text_message(
@@ -364,10 +373,7 @@ def decode_text_message(
     """Parse one frame (``ProtocolError`` subclasses; ``LimitExceededError`` over a limit)."""
     limits = limits or Limits()
     header, payload = split_frame(data, limits)
-    kind = header.get("kind")
-    if kind not in _KNOWN:
-        raise FrameError(f"kind must be one of {sorted(_KNOWN)}, got {kind!r:.40}")
-    extra = {k: v for k, v in header.items() if k not in _KNOWN[kind]}
+    kind, extra = kind_and_extra(header, _KNOWN)
     try:
         if kind == "cancel":
             if len(payload):
@@ -393,10 +399,7 @@ def decode_text_message(
                 extra=extra,
             )
         max_tokens: Any = header.get("max_tokens")
-        if _is_int(max_tokens) and max_tokens > limits.max_output_tokens:
-            raise LimitExceededError(
-                f"max_tokens {max_tokens}; the limit is {limits.max_output_tokens}"
-            )
+        check_max_tokens(max_tokens, limits)
         return GenerateRequest(
             request_id=header.get("id"),  # type: ignore[arg-type]  # validated there
             model=header.get("model"),  # type: ignore[arg-type]
@@ -418,14 +421,9 @@ def decode_text_message(
 
 def _final(header: dict[str, Any], extra: dict[str, Any]) -> GenerateFinal:
     usage = header.get("usage") or {}
-    error = header.get("error")
     if not isinstance(usage, dict):
         raise FrameError("usage must be an object")
-    code, message = ErrorCode.OK, ""
-    if error is not None:
-        if not isinstance(error, dict):
-            raise FrameError("error must be an object with 'code' and 'message'")
-        code, message = ErrorCode.parse(error.get("code")), error.get("message", "")
+    code, message = error_of(header)
     return GenerateFinal(
         request_id=header.get("id"),  # type: ignore[arg-type]  # validated there
         seq=header.get("seq"),  # type: ignore[arg-type]
@@ -434,7 +432,7 @@ def _final(header: dict[str, Any], extra: dict[str, Any]) -> GenerateFinal:
         completion_tokens=usage.get("completion_tokens", 0),
         cached_tokens=usage.get("cached_tokens", 0),
         error=code,
-        error_message=message if isinstance(message, str) else str(message),
+        error_message=message,
         model_version=header.get("version"),
         hub=header.get("hub"),
         extra=extra,
@@ -448,7 +446,7 @@ def _pack_text(
     ids = ids or ()
     header["text_bytes"] = len(raw)
     header["token_count"] = len(ids)
-    return [raw, np.asarray(ids, dtype=_IDS).tobytes()] if ids else [raw]
+    return [raw, np.asarray(ids, dtype=IDS).tobytes()] if ids else [raw]
 
 
 def _unpack_text(
@@ -456,16 +454,16 @@ def _unpack_text(
 ) -> tuple[str | None, tuple[int, ...]]:
     """Sizes checked against the limits and the payload first; then strict UTF-8, ids."""
     n_bytes, n_ids = header.get("text_bytes"), header.get("token_count", 0)
-    if n_bytes is not None and not (_is_int(n_bytes) and n_bytes >= 0):
+    if n_bytes is not None and not (is_int(n_bytes) and n_bytes >= 0):
         raise FrameError(f"text_bytes must be an integer >= 0, got {n_bytes!r:.40}")
-    if not (_is_int(n_ids) and n_ids >= 0):
+    if not (is_int(n_ids) and n_ids >= 0):
         raise FrameError(f"token_count must be an integer >= 0, got {n_ids!r:.40}")
     if n_bytes is not None and n_bytes > limits.max_text_bytes:
         raise LimitExceededError(f"text of {n_bytes} bytes; the limit is {limits.max_text_bytes}")
     if n_ids > limits.max_token_ids:
         raise LimitExceededError(f"{n_ids} token ids; the limit is {limits.max_token_ids}")
     text_len = n_bytes or 0
-    if text_len + _IDS.itemsize * n_ids != len(payload):
+    if text_len + IDS.itemsize * n_ids != len(payload):
         raise FrameError(
             f"header describes {text_len} text bytes and {n_ids} ids, "
             f"but the payload has {len(payload)} bytes"
@@ -476,33 +474,7 @@ def _unpack_text(
             text = str(payload[:text_len], "utf-8")  # strict: no encoded surrogates either
         except UnicodeDecodeError as e:
             raise FrameError(f"text is not valid UTF-8: {e}") from e
-    ids = np.frombuffer(payload[text_len:], dtype=_IDS)
-    if ids.size and int(ids.min()) < 0:
-        raise FrameError("a token id is negative")
-    return text, tuple(ids.tolist())
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(value)
-    except OverflowError:
-        return False
-
-
-def _check_id(value: object) -> None:
-    if not isinstance(value, str) or not 0 < len(value) <= _MAX_ID or not value.isprintable():
-        raise FrameError(f"id must be 1-{_MAX_ID} printable characters, got {value!r:.60}")
-
-
-def _check_name(value: object, what: str) -> None:
-    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
-        raise FrameError(f"{what} must be a name (A-Z a-z 0-9 . _ -), got {value!r:.60}")
+    return text, ids_of(payload[text_len:])
 
 
 def _check_text(value: object, what: str) -> None:
@@ -514,19 +486,3 @@ def _check_text(value: object, what: str) -> None:
         value.encode("utf-8")  # a lone surrogate cannot go on the wire
     except UnicodeEncodeError as e:
         raise FrameError(f"{what} is not valid Unicode (a lone surrogate?): {e}") from e
-
-
-def _check_ids(ids: object, what: str) -> tuple[int, ...]:
-    if isinstance(ids, np.ndarray):
-        ids = ids.tolist()
-    if not isinstance(ids, tuple | list):
-        raise FrameError(f"{what} must be a sequence of token ids")
-    for t in ids:
-        if not (_is_int(t) and 0 <= t <= _MAX_TOKEN_ID):
-            raise FrameError(f"{what}: token id {t!r:.40} is not in 0..{_MAX_TOKEN_ID}")
-    return tuple(ids)
-
-
-def _check_extra(extra: object) -> None:
-    if not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra):
-        raise FrameError("extra must be a dict with string keys")

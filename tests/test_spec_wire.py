@@ -103,3 +103,9 @@ def test_verify_topics_name_one_device_and_parse_back() -> None:
     assert where is not None and (where.device, where.model, where.hub) == ("d1", "tiny", "hub-2")
     assert t.parse_verify_topic("tandem/v1/dev/d1/generate/tiny") is None
     assert t.parse_verify_topic("tandem/v1/dev/+/verify/tiny") is None
+
+
+def test_a_budget_too_large_for_a_float_is_a_frame_error() -> None:
+    # An int past float range made math.isfinite raise OverflowError (not a FrameError).
+    with pytest.raises(FrameError, match="timeout_ms"):
+        request(timeout_ms=10**400)

@@ -29,10 +29,7 @@ model with no folder (vLLM) is answered ``unknown_model`` with the reason.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -42,12 +39,13 @@ from shared import (
     InboundMessage,
     Limits,
     MqttSession,
+    RequestTopic,
     Topics,
     VerifyClose,
     VerifyFinish,
+    VerifyMessage,
     VerifyRequest,
     VerifyResult,
-    decode_header,
     decode_verify_message,
     encode_verify_message,
     validate_name,
@@ -61,15 +59,14 @@ from ..language import (
     Verifier,
     VerifyModel,
 )
-from ._admission import RecentRequests, TransitBaseline
-from ._log_limit import RateLimitedLog
+from ._intake import RequestIntake
 
 __all__ = ["SpecFront"]
 
 log = logging.getLogger(__name__)
 
 
-class SpecFront:
+class SpecFront(RequestIntake[VerifyMessage]):
     """Serves verification rounds from an MQTT session (see the module docstring)."""
 
     def __init__(
@@ -85,23 +82,15 @@ class SpecFront:
         model_dir: Callable[[ServedLanguageModel], Path | None] | None = None,
     ) -> None:
         self.models = models
-        self.session = session
         self.topics = topics or Topics()
-        self.limits = limits or Limits()
         self.session_limits = session_limits or SessionLimits()
         self._model_dir = model_dir or _engine_directory
         self.hub_id = None if hub_id is None else validate_name(hub_id, "hub id")
         self.subscriptions = [self.topics.device_verify_filter(share_group)]
         if self.hub_id is not None:
             self.subscriptions.append(self.topics.hub_verify_filter(self.hub_id, share_group))
-        self._next: Callable[[InboundMessage], None] | None = session.on_message
-        session.on_message = self._handle
-        self._lock = threading.Lock()
-        self._counts: Counter[str] = Counter()
+        super().__init__(session, limits, log, "dropped verify frames")
         self._verifiers: dict[tuple[str, str], Verifier] = {}
-        self._recent = RecentRequests()
-        self._transit = TransitBaseline()
-        self._drop_log = RateLimitedLog(log, "dropped verify frames")
 
     def start(self) -> SpecFront:
         for subscription in self.subscriptions:
@@ -152,30 +141,16 @@ class SpecFront:
             made.stop()
         return verifier
 
-    def _count(self, what: str) -> None:
-        with self._lock:
-            self._counts[what] += 1
-
     # -- the session's thread -------------------------------------------------------------
 
-    def _handle(self, message: InboundMessage) -> None:
-        where = self.topics.parse_verify_topic(message.topic)
-        if where is None:
-            if self._next is not None:
-                self._next(message)
-            return
-        self._count("received")
-        received = time.monotonic()
-        device = where.device
-        assert device is not None
-        if message.retain:
-            self._drop(f"retained message on {message.topic} ignored")
-            return
-        try:
-            decoded = decode_verify_message(message.payload, self.limits)
-        except Exception as e:  # ProtocolError family; anything else is the frame's fault too
-            self._refuse_undecodable(message, device, e)
-            return
+    def _parse(self, topic: str) -> RequestTopic | None:
+        return self.topics.parse_verify_topic(topic)
+
+    def _decode(self, payload: bytes) -> VerifyMessage:
+        return decode_verify_message(payload, self.limits)
+
+    def _take_decoded(self, message: InboundMessage, where: RequestTopic, device: str,
+                      decoded: VerifyMessage, received: float) -> None:  # fmt: skip
         if isinstance(decoded, VerifyResult):
             self._drop(f"a verdict on verify topic {message.topic}")
             return
@@ -202,15 +177,13 @@ class SpecFront:
                          ErrorCode.BAD_REQUEST, f"the header names model {request.model}, "
                          f"the topic {model}")  # fmt: skip
             return
-        sent, budget = request.sent_at_ms, request.timeout_ms
-        if sent is not None and budget is not None:
-            late_s = self._transit.lateness_s(device, time.time() - sent / 1000.0, received)
-            if late_s * 1000.0 > budget:
-                self._count("expired_in_transit")
-                self._refuse(device, request.request_id, request.session, request.round,
-                             ErrorCode.DEADLINE_EXCEEDED, f"the round arrived "
-                             f"{1000 * late_s:.0f} ms late, past its budget; not run")  # fmt: skip
-                return
+        budget = request.timeout_ms
+        late_s = self._late_s(device, request.sent_at_ms, budget, received)
+        if late_s is not None:
+            self._refuse(device, request.request_id, request.session, request.round,
+                         ErrorCode.DEADLINE_EXCEEDED, f"the round arrived "
+                         f"{1000 * late_s:.0f} ms late, past its budget; not run")  # fmt: skip
+            return
         deadline = None if budget is None else received + budget / 1000.0
         try:
             verifier = self.verifier(model)
@@ -232,13 +205,7 @@ class SpecFront:
             self._drop(f"close of {close.session} of {device}: {e}")
 
     def _refuse_undecodable(self, message: InboundMessage, device: str, error: Exception) -> None:
-        relaxed = dataclasses.replace(
-            self.limits, max_frame_bytes=max(len(message.payload), self.limits.max_frame_bytes)
-        )
-        try:
-            header = decode_header(message.payload, relaxed)
-        except Exception:
-            header = {}
+        header = self._readable_header(message)
         request_id, session, rnd = header.get("id"), header.get("session"), header.get("round")
         if not (
             header.get("kind") == "verify"
@@ -259,10 +226,6 @@ class SpecFront:
             error=code, error_message=message or code.value, hub=self.hub_id,
         )  # fmt: skip
         self._publish(self.topics.verified(device), result)
-
-    def _drop(self, why: str) -> None:
-        self._count("dropped")
-        self._drop_log.warning("%s", why)
 
     def _publish(self, topic: str, result: VerifyResult) -> None:
         handle = self.session.publish(topic, encode_verify_message(result), qos=1)

@@ -44,14 +44,11 @@ one (same trust rules, device from the topic, reply topic derived).
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import itertools
 import logging
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 from shared import (
@@ -64,8 +61,9 @@ from shared import (
     InboundMessage,
     Limits,
     MqttSession,
+    RequestTopic,
+    TextMessage,
     Topics,
-    decode_header,
     decode_text_message,
     encode_text_message,
     validate_name,
@@ -73,9 +71,8 @@ from shared import (
 
 from .._errors import DeadlineExceededError, HubError, error_code
 from ..language import LanguageModels, Sampling, Turn, TurnUpdate
-from ._admission import RecentRequests, TransitBaseline
 from ._coalesce import ChunkCoalescer, Coalescing
-from ._log_limit import RateLimitedLog
+from ._intake import RequestIntake
 
 __all__ = ["TextFront"]
 
@@ -185,7 +182,7 @@ class _Stream:
         self.front._forget(self.key)
 
 
-class TextFront:
+class TextFront(RequestIntake[TextMessage]):
     """Serves text-generation turns from an MQTT session through ``LanguageModels``."""
 
     def __init__(
@@ -200,9 +197,7 @@ class TextFront:
         hub_id: str | None = None,
     ) -> None:
         self.models = models
-        self.session = session
         self.topics = topics or Topics()
-        self.limits = limits or Limits()
         self.coalescing = coalescing or Coalescing()
         self.hub_id = None if hub_id is None else validate_name(hub_id, "hub id")
         self.subscriptions = [
@@ -211,14 +206,8 @@ class TextFront:
         ]
         if self.hub_id is not None:  # turns for this replica alone (sticky conversations)
             self.subscriptions.append(self.topics.hub_generate_filter(self.hub_id, share_group))
-        self._next: Callable[[InboundMessage], None] | None = session.on_message
-        session.on_message = self._handle
-        self._lock = threading.Lock()
-        self._counts: Counter[str] = Counter()
+        super().__init__(session, limits, log, "dropped text frames")
         self._streams: dict[tuple[str, str], _Stream] = {}
-        self._recent = RecentRequests()
-        self._transit = TransitBaseline()
-        self._drop_log = RateLimitedLog(log, "dropped text frames")
         self._timer = threading.Condition()
         self._timers: list[tuple[float, int, str, _Stream]] = []
         self._order = itertools.count()
@@ -266,30 +255,16 @@ class TextFront:
         with self._lock:
             return {**self._counts, "streaming": len(self._streams)}
 
-    def _count(self, what: str) -> None:
-        with self._lock:
-            self._counts[what] += 1
-
     # -- the session's thread -------------------------------------------------------------
 
-    def _handle(self, message: InboundMessage) -> None:
-        where = self.topics.parse_text_topic(message.topic)
-        if where is None:
-            if self._next is not None:
-                self._next(message)
-            return
-        self._count("received")
-        received = time.monotonic()
-        device = where.device
-        assert device is not None
-        if message.retain:
-            self._drop(f"retained message on {message.topic} ignored")
-            return
-        try:
-            decoded = decode_text_message(message.payload, self.limits)
-        except Exception as e:  # ProtocolError family; anything else is the frame's fault too
-            self._refuse_undecodable(message, device, e)
-            return
+    def _parse(self, topic: str) -> RequestTopic | None:
+        return self.topics.parse_text_topic(topic)
+
+    def _decode(self, payload: bytes) -> TextMessage:
+        return decode_text_message(payload, self.limits)
+
+    def _take_decoded(self, message: InboundMessage, where: RequestTopic, device: str,
+                      decoded: TextMessage, received: float) -> None:  # fmt: skip
         if where.model == "":  # a cancel topic
             if not isinstance(decoded, GenerateCancel):
                 self._drop(f"a {type(decoded).__name__} on cancel topic {message.topic}")
@@ -314,17 +289,16 @@ class TextFront:
                          f"the header names {request.device_id}/{request.model}, the topic "
                          f"{device}/{model}")  # fmt: skip
             return
-        sent, budget = request.sent_at_ms, request.timeout_ms
-        if sent is not None and budget is not None:
-            late_s = self._transit.lateness_s(device, time.time() - sent / 1000.0, received)
-            if late_s * 1000.0 > budget:
-                self._count("expired_in_transit")
-                late = DeadlineExceededError(
-                    f"the turn arrived {1000 * late_s:.0f} ms late, past its {budget:.0f} ms "
-                    "budget; not run"
-                )
-                self._refuse(device, request.request_id, late.code, str(late))
-                return
+        budget = request.timeout_ms
+        late_s = self._late_s(device, request.sent_at_ms, budget, received)
+        if late_s is not None:
+            assert budget is not None
+            late = DeadlineExceededError(
+                f"the turn arrived {1000 * late_s:.0f} ms late, past its {budget:.0f} ms "
+                "budget; not run"
+            )
+            self._refuse(device, request.request_id, late.code, str(late))
+            return
         deadline = None if budget is None else received + budget / 1000.0
         try:
             served = self.models.get(model)
@@ -365,13 +339,7 @@ class TextFront:
             stream.turn.cancel()
 
     def _refuse_undecodable(self, message: InboundMessage, device: str, error: Exception) -> None:
-        relaxed = dataclasses.replace(
-            self.limits, max_frame_bytes=max(len(message.payload), self.limits.max_frame_bytes)
-        )
-        try:
-            header = decode_header(message.payload, relaxed)
-        except Exception:
-            header = {}
+        header = self._readable_header(message)
         request_id = header.get("id")
         if not (
             isinstance(request_id, str)
@@ -390,10 +358,6 @@ class TextFront:
             error_message=message or code.value, hub=self.hub_id,
         )  # fmt: skip
         self._publish(self.topics.text(device), encode_text_message(final), "final_error")
-
-    def _drop(self, why: str) -> None:
-        self._count("dropped")
-        self._drop_log.warning("%s", why)
 
     # -- any thread -----------------------------------------------------------------------
 

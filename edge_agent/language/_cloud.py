@@ -37,9 +37,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import queue
-import threading
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,9 +46,7 @@ from shared import (
     GenerateChunk,
     GenerateFinal,
     GenerateRequest,
-    InboundMessage,
     Limits,
-    ProtocolError,
     PublishHandle,
     Topics,
     decode_text_message,
@@ -59,6 +55,7 @@ from shared import (
 )
 
 from .._errors import UplinkError
+from ._inbox_link import InboxLink, LinkFault
 from ._reorder import ReorderBuffer
 
 if TYPE_CHECKING:
@@ -83,50 +80,29 @@ class CloudTextSettings:
             raise ValueError("first_chunk_s, stall_s and sticky_s must be > 0")
 
 
-@dataclass(frozen=True, slots=True)
-class LinkFault:
-    """Why no more text will come from the hub for this turn."""
-
-    reason: str
-
-
 _Inbox = queue.SimpleQueue[GenerateChunk | GenerateFinal | LinkFault]
 
 
-class TextLink:
+class TextLink(InboxLink[GenerateChunk | GenerateFinal]):
     """The device's text topics on its ``DeviceLink`` (see the module docstring)."""
+
+    _log = log
+    _what = "text message"
 
     def __init__(
         self, link: DeviceLink, device_id: str, *, topics: Topics | None = None,
         limits: Limits | None = None,
     ) -> None:  # fmt: skip
-        self.link = link
-        self.device_id = device_id
-        self.topics = topics or Topics()
-        self.limits = limits or Limits()
-        self.topic = self.topics.text(device_id)
-        self.stats: Counter[str] = Counter()
-        self._inboxes: dict[str, _Inbox] = {}
-        self._lock = threading.Lock()
-        self._attached = False
+        topics = topics or Topics()
+        super().__init__(link, device_id, topics.text(device_id), topics, limits)
 
-    def attach(self) -> None:
-        """Listen on the text topic (subscribed on every connection) and watch the link."""
-        if not self._attached:
-            self._attached = True
-            self.link.watch(self._on_connection)
-            self.link.listen(self.topic, self._on_message)
+    def _decode(self, payload: bytes) -> object:
+        return decode_text_message(payload, self.limits)
 
-    def detach(self) -> None:
-        if self._attached:
-            self._attached = False
-            self.link.unlisten(self.topic)
-            self.link.unwatch(self._on_connection)
-            self._fail_all("the agent closed")
-
-    @property
-    def connected(self) -> bool:
-        return self._attached and self.link.connected
+    def _key(self, decoded: object) -> tuple[str, GenerateChunk | GenerateFinal] | None:
+        if not isinstance(decoded, GenerateChunk | GenerateFinal):
+            return None
+        return decoded.request_id, decoded
 
     def open(
         self, request: GenerateRequest, settings: CloudTextSettings, *, hub: str | None = None
@@ -142,8 +118,7 @@ class TextLink:
 
     def _send(self, request: GenerateRequest, inbox: _Inbox, hub: str | None) -> PublishHandle:
         """Hear ``request``'s messages in ``inbox`` and publish it (``UplinkError``)."""
-        with self._lock:
-            self._inboxes[request.request_id] = inbox
+        self._hear(request.request_id, inbox)
         try:
             handle = self.link.publish(
                 self.topics.device_generate(self.device_id, request.model, hub),
@@ -169,43 +144,6 @@ class TextLink:
             self.stats["cancels"] += 1
         except (OSError, ValueError, RuntimeError) as e:
             log.debug("cancel of %s not sent: %s", request_id, e)
-
-    def _forget(self, request_id: str) -> None:
-        with self._lock:
-            self._inboxes.pop(request_id, None)
-
-    # -- the session's network thread -----------------------------------------------------
-
-    def _on_message(self, message: InboundMessage) -> None:
-        if message.retain:  # an old stream left on the topic: no turn of ours
-            self.stats["dropped"] += 1
-            return
-        try:
-            decoded = decode_text_message(message.payload, self.limits)
-        except ProtocolError as e:
-            self.stats["bad"] += 1
-            log.warning("dropped a malformed text message on %s: %s", message.topic, e)
-            return
-        if not isinstance(decoded, GenerateChunk | GenerateFinal):
-            self.stats["dropped"] += 1
-            return
-        with self._lock:
-            inbox = self._inboxes.get(decoded.request_id)
-        if inbox is None:  # a turn that ended or gave up (or a redelivery after its end)
-            self.stats["late"] += 1
-            return
-        self.stats["received"] += 1
-        inbox.put(decoded)
-
-    def _on_connection(self, up: bool) -> None:
-        if not up:
-            self._fail_all("the broker connection was lost")
-
-    def _fail_all(self, why: str) -> None:
-        with self._lock:
-            inboxes = list(self._inboxes.values())
-        for inbox in inboxes:
-            inbox.put(LinkFault(why))
 
 
 class CloudLeg:

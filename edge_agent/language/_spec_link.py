@@ -16,14 +16,10 @@ from __future__ import annotations
 
 import logging
 import queue
-import threading
-from collections import Counter
 from typing import TYPE_CHECKING
 
 from shared import (
-    InboundMessage,
     Limits,
-    ProtocolError,
     PublishHandle,
     Topics,
     VerifyClose,
@@ -35,7 +31,7 @@ from shared import (
 )
 
 from .._errors import UplinkError
-from ._cloud import LinkFault
+from ._inbox_link import InboxLink, LinkFault
 
 if TYPE_CHECKING:
     from .._device_link import DeviceLink
@@ -47,46 +43,31 @@ log = logging.getLogger("tandem.edge.spec")
 SpecInbox = queue.SimpleQueue[VerifyResult | LinkFault]
 
 
-class SpecLink:
+class SpecLink(InboxLink[VerifyResult]):
     """The device's verify topics on its ``DeviceLink`` (see the module docstring)."""
+
+    _log = log
+    _what = "verdict"
 
     def __init__(
         self, link: DeviceLink, device_id: str, *, topics: Topics | None = None,
         limits: Limits | None = None,
     ) -> None:  # fmt: skip
-        self.link = link
-        self.device_id = device_id
-        self.topics = topics or Topics()
-        self.limits = limits or Limits()
-        self.topic = self.topics.verified(device_id)
-        self.stats: Counter[str] = Counter()
-        self._inboxes: dict[str, SpecInbox] = {}
-        self._lock = threading.Lock()
-        self._attached = False
+        topics = topics or Topics()
+        super().__init__(link, device_id, topics.verified(device_id), topics, limits)
 
-    def attach(self) -> None:
-        """Listen on the verified topic (subscribed on every connection); watch the link."""
-        if not self._attached:
-            self._attached = True
-            self.link.watch(self._on_connection)
-            self.link.listen(self.topic, self._on_message)
+    def _decode(self, payload: bytes) -> object:
+        return decode_verify_message(payload, self.limits)
 
-    def detach(self) -> None:
-        if self._attached:
-            self._attached = False
-            self.link.unlisten(self.topic)
-            self.link.unwatch(self._on_connection)
-            self._fail_all("the agent closed")
-
-    @property
-    def connected(self) -> bool:
-        return self._attached and self.link.connected
+    def _key(self, decoded: object) -> tuple[str, VerifyResult] | None:
+        if not isinstance(decoded, VerifyResult):
+            return None
+        return decoded.session, decoded
 
     def open(self, session: str) -> SpecInbox:
         """The inbox of a new session's verdicts."""
         inbox: SpecInbox = queue.SimpleQueue()
-        with self._lock:
-            self._inboxes[session] = inbox
+        self._hear(session, inbox)
         return inbox
 
     def send(self, request: VerifyRequest, hub: str | None) -> PublishHandle:
@@ -106,8 +87,7 @@ class SpecLink:
 
     def close(self, session: str, model: str, hub: str | None) -> None:
         """Stop hearing a session; ask its hub to free it (best effort, not awaited)."""
-        with self._lock:
-            self._inboxes.pop(session, None)
+        self._forget(session)
         if hub is None or not self.connected:
             return
         frame = encode_verify_message(
@@ -118,36 +98,3 @@ class SpecLink:
             self.stats["closes"] += 1
         except (OSError, ValueError, RuntimeError) as e:
             log.debug("close of session %s not sent: %s", session, e)
-
-    # -- the session's network thread -----------------------------------------------------
-
-    def _on_message(self, message: InboundMessage) -> None:
-        if message.retain:
-            self.stats["dropped"] += 1
-            return
-        try:
-            decoded = decode_verify_message(message.payload, self.limits)
-        except ProtocolError as e:
-            self.stats["bad"] += 1
-            log.warning("dropped a malformed verdict on %s: %s", message.topic, e)
-            return
-        if not isinstance(decoded, VerifyResult):
-            self.stats["dropped"] += 1
-            return
-        with self._lock:
-            inbox = self._inboxes.get(decoded.session)
-        if inbox is None:
-            self.stats["late"] += 1
-            return
-        self.stats["received"] += 1
-        inbox.put(decoded)
-
-    def _on_connection(self, up: bool) -> None:
-        if not up:
-            self._fail_all("the broker connection was lost")
-
-    def _fail_all(self, why: str) -> None:
-        with self._lock:
-            inboxes = list(self._inboxes.values())
-        for inbox in inboxes:
-            inbox.put(LinkFault(why))
