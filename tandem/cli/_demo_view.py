@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from ._llm_view import LLM_MODE_HELP, LLM_PAIR_HELP
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -21,11 +23,15 @@ def demo(
         int, typer.Option(min=1, max=256, help="Edge agents in the simulated fleet.")
     ] = 8,
     budget: Annotated[
-        float,
+        float | None,
         typer.Option(
-            min=0.0, max=1.0, help="Share of requests the collaborative mode may offload."
+            min=0.0,
+            max=1.0,
+            help="Share of requests the collaborative mode may offload (default 0.20). With "
+            "--llm --mode collaborative: the hub's share of generated tokens (default 0.30).",
+            show_default=False,
         ),
-    ] = 0.20,
+    ] = None,
     score: Annotated[
         str, typer.Option(help="Uncertainty score: margin, max_probability or entropy.")
     ] = "margin",
@@ -33,8 +39,8 @@ def demo(
         float | None,
         typer.Option(
             min=0.001,
-            help="Deadline of each request [default: 250]. With --llm: prefer_edge's deadline "
-            "[default: the 40th percentile of the prompts' predicted times on this device].",
+            help="Deadline of each request (default 250). With --llm: prefer_edge's deadline "
+            "(default: the 40th percentile of the prompts' predicted times on this device).",
             show_default=False,
         ),
     ] = None,
@@ -68,10 +74,13 @@ def demo(
             "--llm",
             help="Instead: the language models (trained here on Python's own docs on the first "
             "run: a few minutes, then cached) on held-out prompts, as edge_only, cloud_only and "
-            "prefer_edge (heavy turns to the hub); writes OUTPUT/llm_presets.png and "
+            "prefer_edge (heavy turns to the hub), handoff under a budget and speculative "
+            "decoding (--mode); writes OUTPUT/llm_<mode>.png (one per mode) and "
             "OUTPUT/llm_report.json.",
         ),
     ] = False,
+    mode: Annotated[str | None, typer.Option(help=LLM_MODE_HELP, show_default=False)] = None,
+    pair: Annotated[str | None, typer.Option(help=LLM_PAIR_HELP, show_default=False)] = None,
     prompts: Annotated[
         int, typer.Option(min=1, max=1000, help="With --llm: held-out prompts per preset.")
     ] = 24,
@@ -88,11 +97,15 @@ def demo(
     the fleet's digits shift and one learning loop runs instead (OUTPUT/learning_loop.png).
 
     With --llm, a small device model (INT4) and a larger hub model, trained on
-    pydoc_data.topics (nothing downloaded), continue held-out text under three
-    presets: edge_only, cloud_only, and prefer_edge, where a prompt whose predicted
-    prefill + decode time on this device would miss --deadline-ms goes to the hub.
-    Quality is token agreement with the held-out continuation. Example:
-    tandem demo --llm --prompts 12 --max-tokens 16 --output demo-llm
+    pydoc_data.topics (nothing downloaded), continue held-out text. --mode presets:
+    edge_only, cloud_only, and prefer_edge, where a prompt whose predicted prefill +
+    decode time on this device would miss --deadline-ms goes to the hub; --mode
+    collaborative hands turns to the hub mid-turn within a budget of hub tokens
+    (--budget); --mode speculative lets the device draft and the hub verify (the hub's
+    own text); --mode all (the default) runs the three. Quality is token agreement with
+    the held-out continuation. --pair speculative uses a heavy hub, where speculation
+    pays. Example:
+    tandem demo --llm --mode speculative --prompts 12 --max-tokens 16 --output demo-llm
     """
     from rich.console import Console
 
@@ -100,13 +113,18 @@ def demo(
 
     if score not in SCORES:
         raise typer.BadParameter(f"use one of {', '.join(SCORES)}", param_hint="--score")
+    for name, value in (("--mode", mode), ("--pair", pair)):
+        if value is not None and not llm:
+            raise typer.BadParameter("goes with --llm", param_hint=name)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console()
     if llm:
         from ._llm_view import run_llm
 
-        run_llm(prompts, max_tokens, deadline_ms, broker, cache_dir, output, console)
+        run_llm(prompts, max_tokens, deadline_ms, broker, cache_dir, output, console,
+                mode=mode or "all", budget=budget, pair=pair or "demo")  # fmt: skip
         return
+    budget = 0.20 if budget is None else budget
     if drift:
         _drift(devices, budget, score, broker, cache_dir, output, console)
         return

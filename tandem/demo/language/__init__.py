@@ -1,8 +1,10 @@
 """The language-model pair, trained here on text that ships with Python, and cached.
 
 ``run_llm_demo`` (``tandem demo --llm``) runs the pair through a broker, a
-hub and an edge agent under three presets on held-out prompts, and
-``write_llm_outputs`` leaves its plot and JSON report (``_demo_*`` modules).
+hub and an edge agent on held-out prompts, in the modes of ``MODES``
+(``presets``: three presets; ``collaborative``: handoff under a budget of hub
+tokens; ``speculative``: the device drafts, the hub verifies; ``all``), and
+``write_llm_outputs`` leaves its plots and JSON report (``_demo_*`` modules).
 
 A tokenizer and two Llama-family models that share it: a small **device**
 model (INT4 for ONNX Runtime GenAI on a CPU) and a **hub** model several times
@@ -53,6 +55,19 @@ from .._cache import build_into_cache
 from ..models import default_cache_dir
 from ._agreement import greedy_agreement
 from ._corpus import TextSplits, load_text_splits
+from ._demo_modes import (
+    MODE_ROWS,
+    MODES,
+    CollaborativeFacts,
+    SpeculativeFacts,
+    acceptance_from_tokens,
+    gap_recovered,
+    hub_ms_per_token,
+    hub_token_share,
+    modes_of,
+    presets_to_run,
+    split_calibration,
+)
 from ._demo_output import LlmDemoFiles, plot_presets, write_llm_outputs
 from ._demo_prompts import MIN_PROMPT_TOKENS, HeldoutPrompt, heldout_prompts, prompt_lengths
 from ._demo_run import HUB_MODEL, PRESETS, LlmDemoConfig, LlmDemoReport, serve_and_run
@@ -91,9 +106,12 @@ __all__ = [
     "HUB_MODEL",
     "LITERT_FILE",
     "MIN_PROMPT_TOKENS",
+    "MODES",
+    "MODE_ROWS",
     "PRESETS",
     "RECIPE_VERSION",
     "SPECULATIVE_RECIPE",
+    "CollaborativeFacts",
     "Generation",
     "HeldoutPrompt",
     "LanguageBuildError",
@@ -106,24 +124,32 @@ __all__ = [
     "ModelShape",
     "PresetSummary",
     "Progress",
+    "SpeculativeFacts",
     "TextSplits",
     "TurnFacts",
+    "acceptance_from_tokens",
     "build_language_models",
     "build_litert_model",
     "export_genai",
     "export_litert_lm",
+    "gap_recovered",
     "greedy_agreement",
     "greedy_generate",
     "heldout_figures",
     "heldout_prompts",
+    "hub_ms_per_token",
+    "hub_token_share",
     "litert_build_available",
     "load_model",
+    "modes_of",
     "percentile",
     "plot_presets",
+    "presets_to_run",
     "prompt_lengths",
     "resolve_hub_target",
     "run_llm_demo",
     "speculative_pair",
+    "split_calibration",
     "summarize_preset",
     "text_splits",
     "token_agreement",
@@ -312,7 +338,8 @@ def _build_entry(
 
 
 def run_llm_demo(config: LlmDemoConfig, progress: Progress | None = None) -> LlmDemoReport:
-    """Run the three presets on held-out prompts; raises ``DemoError`` (or its branches)."""
+    """Run ``config.mode``'s presets on held-out prompts; raises ``DemoError`` (or its
+    branches)."""
     started = time.perf_counter()
     report = progress or (lambda stage, fraction: None)
     models = build_language_models(config.cache_dir, recipe=config.recipe, progress=report)

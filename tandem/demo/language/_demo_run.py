@@ -17,6 +17,13 @@ deadline, so a turn late on either side is cut and counted); by default
 device, so about half of them are heavy. On one machine the hub is not faster than the
 device model (it is several times larger and answers over MQTT), so a heavy
 turn may end at the deadline there: the report counts those turns.
+
+``mode`` (``_demo_modes``) picks what runs: ``presets`` (the above, the
+default), ``collaborative`` (``edge_only``, ``cloud_only`` and ``handoff``
+under a budget of hub tokens, the policy calibrated first on
+``calibration_prompts`` held-out prompts that are not shown;
+``_demo_mode_run``), ``speculative`` (``cloud_only`` and ``speculative``) or
+``all``; every preset runs once on the same prompts, the references first.
 No printing here: the CLI renders.
 """
 
@@ -24,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import shutil
 import tempfile
 import time
@@ -35,12 +41,20 @@ from typing import Any
 
 from cloud_hub import Hub, HubError
 from edge_agent import EdgeAgent, EdgeError
-from edge_agent.language import Preset, predicted_ms
+from edge_agent.language import Preset
 from shared import MqttSettings, Topics
 
 from ...broker import EmbeddedBroker
-from ._demo_prompts import HeldoutPrompt, heldout_prompts
-from ._demo_stats import PresetSummary, TurnFacts, summarize_preset, token_agreement, turn_side
+from ._demo_mode_run import ModeRun
+from ._demo_modes import (
+    MODE_ROWS,
+    MODES,
+    CollaborativeFacts,
+    SpeculativeFacts,
+    modes_of,
+)
+from ._demo_prompts import HeldoutPrompt
+from ._demo_stats import PresetSummary, TurnFacts
 from ._errors import LanguageDemoError
 
 __all__ = ["HUB_MODEL", "PRESETS", "LlmDemoConfig", "LlmDemoReport", "serve_and_run"]
@@ -48,9 +62,6 @@ __all__ = ["HUB_MODEL", "PRESETS", "LlmDemoConfig", "LlmDemoReport", "serve_and_
 Progress = Callable[[str, float], None]
 HUB_MODEL = "pydoc-lm"  # the hub model's name in the hub's repository
 PRESETS = (Preset.EDGE_ONLY, Preset.CLOUD_ONLY, Preset.PREFER_EDGE)
-_WARMUP_EDGE_TURNS = 3
-AUTO_DEADLINE_PERCENTILE = 40.0
-_CLOUD_ROUTES = ("heavy", "cloud_only", "prefer_cloud")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +73,9 @@ class LlmDemoConfig:
     cache_dir: Path | None = None
     recipe: Any = None  # a tandem.demo.language.LanguageRecipe; None: the default recipe
     topic_prefix: str = "tandem/demo-llm"
+    mode: str = "presets"  # one of _demo_modes.MODES
+    budget: float = 0.3  # collaborative: the hub's share of generated tokens
+    calibration_prompts: int = 16  # collaborative: prompts the policy calibrates on (not shown)
 
     def __post_init__(self) -> None:
         problems = [
@@ -70,6 +84,9 @@ class LlmDemoConfig:
                 ("prompts", self.prompts, self.prompts >= 1),
                 ("max_tokens", self.max_tokens, self.max_tokens >= 1),
                 ("deadline_ms", self.deadline_ms, self.deadline_ms is None or self.deadline_ms > 0),
+                ("mode", self.mode, self.mode in MODES),
+                ("budget", self.budget, 0.0 <= self.budget <= 1.0),
+                ("calibration_prompts", self.calibration_prompts, self.calibration_prompts >= 1),
             )
             if not ok
         ]
@@ -94,13 +111,39 @@ class LlmDemoReport:
         "continuation reproduces at the same position"
     )
     notes: list[str] = field(default_factory=list)
+    mode: str = "presets"
+    collaborative: CollaborativeFacts | None = None
+    speculative: SpeculativeFacts | None = None
+    calibration: list[HeldoutPrompt] = field(default_factory=list)  # collaborative's, not shown
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The modes this run shows, in order (``mode`` "all": every one)."""
+        return modes_of(self.mode)
 
     def preset(self, name: str) -> PresetSummary:
-        return next(p for p in self.presets if p.preset == name)
+        """The summary of preset ``name``; ``ValueError`` if this run did not run it."""
+        found = [p for p in self.presets if p.preset == name]
+        if not found:
+            raise ValueError(f"preset {name!r} did not run in mode {self.mode!r}")
+        return found[0]
+
+    def rows(self, mode: str) -> list[PresetSummary]:
+        """One mode's table rows (``MODE_ROWS``)."""
+        return [self.preset(name) for name in MODE_ROWS[mode]]
 
     def to_dict(self) -> dict[str, Any]:
-        """``llm_report.json``: settings, per-preset figures, every turn, the models' report."""
+        """``llm_report.json``: settings, per-preset figures, every turn, the models' report;
+        ``modes``: per mode shown, its rows (preset names) and the figures it adds."""
+        modes: dict[str, Any] = {m: {"rows": list(MODE_ROWS[m])} for m in self.modes}
+        if self.collaborative is not None:
+            modes["collaborative"].update(self.collaborative.to_dict())
+        if self.speculative is not None:
+            modes["speculative"].update(self.speculative.to_dict())
         return {
+            "mode": self.mode,
+            "modes": modes,
+            "calibration_prompt_ids": [list(p.prompt_ids) for p in self.calibration],
             "quality_measure": self.quality_measure,
             "max_tokens": self.max_tokens,
             "deadline_ms": self.deadline_ms,
@@ -132,7 +175,7 @@ def serve_and_run(
     report: Progress,
     started: float,
 ) -> LlmDemoReport:
-    """Run the three presets on held-out prompts through a broker, a hub and an agent
+    """Run the modes' presets on held-out prompts through a broker, a hub and an agent
     (``run_llm_demo`` builds ``models`` and the held-out text first)."""
     topics = Topics(config.topic_prefix)
     with (
@@ -148,111 +191,25 @@ def serve_and_run(
             raise LanguageDemoError(f"the hub did not start: {e}") from e
         try:
             with _agent(models.device_model, mqtt, topics) as agent:
-                return _run_presets(agent, config, heldout, models, report, started)
+                results = ModeRun(agent, hub, config, report).run(heldout)
         finally:
             hub.stop()
-
-
-def _run_presets(
-    agent: EdgeAgent,
-    config: LlmDemoConfig,
-    documents: dict[str, str],
-    models: Any,
-    report: Progress,
-    started: float,
-) -> LlmDemoReport:
-    runtime = agent.language
-    assert runtime is not None
-    try:
-        prompts = heldout_prompts(
-            documents, count=config.prompts, max_tokens=config.max_tokens,
-            context=runtime.context_length, encode=runtime.encode, decode=runtime.decode,
-        )  # fmt: skip
-    except ValueError as e:
-        raise LanguageDemoError(str(e)) from e
-    report("warm up (rates measured)", 0.0)
-    for i, prompt in enumerate(prompts[:_WARMUP_EDGE_TURNS]):
-        _turn(agent, prompt, config.max_tokens, None, Preset.EDGE_ONLY)
-        report("warm up (rates measured)", (i + 1) / (_WARMUP_EDGE_TURNS + 1))
-    _turn(agent, prompts[0], config.max_tokens, None, Preset.CLOUD_ONLY)
-    report("warm up (rates measured)", 1.0)
-    turns: dict[str, list[TurnFacts]] = {}
-    deadline, rates = math.nan, runtime.rates
-    for preset in PRESETS:
-        stage = f"preset {preset.value}"
-        report(stage, 0.0)
-        facts = []
-        bound = None
-        if preset is Preset.PREFER_EDGE:
-            # The rates as the agent routes by them now: the edge_only turns refined them.
-            rates = runtime.rates
-            if rates is None:
-                raise LanguageDemoError("the edge turns did not measure the device's rates")
-            deadline = config.deadline_ms or auto_deadline_ms(prompts, config.max_tokens, rates)
-            bound = deadline
-        for i, prompt in enumerate(prompts):
-            facts.append(_turn(agent, prompt, config.max_tokens, bound, preset))
-            report(stage, (i + 1) / len(prompts))
-        turns[preset.value] = facts
     return LlmDemoReport(
-        presets=[summarize_preset(name, facts) for name, facts in turns.items()],
-        turns=turns,
-        prompts=prompts,
+        presets=results.presets,
+        turns=results.turns,
+        prompts=results.prompts,
         max_tokens=config.max_tokens,
-        deadline_ms=deadline,
+        deadline_ms=results.deadline_ms,
         deadline_auto=config.deadline_ms is None,
-        device_rates={}
-        if rates is None
-        else {
-            "prefill": rates.prefill_tokens_per_s,
-            "decode": rates.decode_tokens_per_s,
-        },
+        device_rates=results.device_rates,
         model_report=dict(models.report),
         broker=config.broker_url or "embedded amqtt",
         elapsed_s=time.perf_counter() - started,
-    )
-
-
-def auto_deadline_ms(prompts: list[HeldoutPrompt], max_tokens: int, rates: Any) -> float:
-    """The 40th percentile of the prompts' predicted prefill + decode times on this device.
-
-    Below the median: the agent refines its rates with every turn (they rise as
-    the runtime warms), so a deadline at the median would leave few prompts heavy.
-    """
-    from ._demo_stats import percentile
-
-    times = [predicted_ms(len(p.prompt_ids), max_tokens, rates) for p in prompts]
-    return percentile([t for t in times if t is not None], AUTO_DEADLINE_PERCENTILE)
-
-
-def _turn(
-    agent: EdgeAgent,
-    prompt: HeldoutPrompt,
-    max_tokens: int,
-    deadline_ms: float | None,
-    preset: Preset,
-) -> TurnFacts:
-    """One turn, read to its end; what it produced, by side, and what it cost."""
-    try:
-        stream = agent.generate(
-            prompt.text, max_tokens=max_tokens, deadline_ms=deadline_ms, preset=preset.value
-        )
-        record = stream.final()
-    except EdgeError as e:
-        raise LanguageDemoError(f"a {preset.value} turn failed: {e}") from e
-    return TurnFacts(
-        prompt_tokens=record.prompt_tokens,
-        output_tokens=len(record.output_ids),
-        edge_tokens=record.edge_tokens,
-        cloud_tokens=record.cloud_tokens,
-        side=turn_side(record.edge_tokens, record.cloud_tokens, record.reason in _CLOUD_ROUTES),
-        agreement=token_agreement(record.output_ids, prompt.reference_ids),
-        ttft_ms=record.time_to_first_token_ms,
-        tokens_per_s=record.tokens_per_s,
-        total_ms=record.total_ms,
-        finish_reason=record.finish_reason.value,
-        route_reason=record.reason,
-        degraded=record.degraded,
+        notes=results.notes,
+        mode=config.mode,
+        collaborative=results.collaborative,
+        speculative=results.speculative,
+        calibration=results.calibration,
     )
 
 

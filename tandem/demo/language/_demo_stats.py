@@ -4,7 +4,9 @@ Quality is **token agreement**: the share of the held-out continuation's
 tokens that the generated continuation reproduces at the same position
 (greedy decoding, the shared tokenizer; a turn that stops early scores its
 missing positions as misses). It compares text from either model with the
-same reference, so the device and the hub are judged alike.
+same reference, so the device and the hub are judged alike. The
+collaborative and speculative modes add the same measure against the hub's
+own text (``cloud_only``'s turn on the prompt): ``hub_agreement``.
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ class TurnFacts:
     tokens_per_s: float | None
     total_ms: float
     finish_reason: str
-    route_reason: str  # "edge_only", "prefer_edge", "heavy", "cloud_only"
+    route_reason: str  # "edge_only", "prefer_edge", "heavy", "cloud_only", "handoff", ...
     degraded: bool = False
+    hub_agreement: float | None = None  # token_agreement with cloud_only's text (when it ran)
+    handoff_at: int | None = None  # device tokens out when the hub took the turn over
 
     def __post_init__(self) -> None:
         if self.side not in SIDES:
@@ -70,6 +74,8 @@ class PresetSummary:
     tokens_per_s_p99: float  # the slow tail: the rate 99% of the turns reached (1st percentile)
     total_p50_ms: float
     total_p99_ms: float
+    hub_agreement: float = math.nan  # mean agreement with cloud_only's text (NaN: not measured)
+    handed_off_turns: int = 0  # moved to the hub mid-turn (preset handoff)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON types only: NaN (no turn had the value) becomes ``None``."""
@@ -102,6 +108,7 @@ def summarize_preset(preset: str, turns: Sequence[TurnFacts]) -> PresetSummary:
     ttft = [t.ttft_ms for t in turns if t.ttft_ms is not None]
     rates = [t.tokens_per_s for t in turns if t.tokens_per_s is not None]
     total = [t.total_ms for t in turns]
+    hub = [t.hub_agreement for t in turns if t.hub_agreement is not None]
     return PresetSummary(
         preset=preset,
         turns=len(turns),
@@ -121,6 +128,8 @@ def summarize_preset(preset: str, turns: Sequence[TurnFacts]) -> PresetSummary:
         tokens_per_s_p99=percentile(rates, 1),
         total_p50_ms=percentile(total, 50),
         total_p99_ms=percentile(total, 99),
+        hub_agreement=sum(hub) / len(hub) if hub else math.nan,
+        handed_off_turns=sum(t.handoff_at is not None for t in turns),
     )
 
 
