@@ -17,33 +17,59 @@ if TYPE_CHECKING:
 
 __all__ = ["demo"]
 
+# The longer options' types, kept out of demo's signature.
+_Budget = Annotated[
+    float | None,
+    typer.Option(
+        min=0.0,
+        max=1.0,
+        help="Share of requests the collaborative mode may offload (default 0.20). With "
+        "--llm --mode collaborative: the hub's share of generated tokens (default 0.30).",
+        show_default=False,
+    ),
+]
+
+_DeadlineMs = Annotated[
+    float | None,
+    typer.Option(
+        min=0.001,
+        help="Deadline of each request (default 250). With --llm: prefer_edge's deadline "
+        "(default: the 40th percentile of the prompts' predicted times on this device).",
+        show_default=False,
+    ),
+]
+
+_Drift = Annotated[
+    bool,
+    typer.Option(
+        "--drift",
+        help="Instead: the inputs drift and one learning loop runs unattended (collect "
+        "hard examples, refine, publish, roll out); writes OUTPUT/learning_loop.png.",
+    ),
+]
+
+_Llm = Annotated[
+    bool,
+    typer.Option(
+        "--llm",
+        help="Instead: the language models (trained here on Python's own docs on the first "
+        "run: a few minutes, then cached) on held-out prompts, as edge_only, cloud_only and "
+        "prefer_edge (heavy turns to the hub), handoff under a budget and speculative "
+        "decoding (--mode); writes OUTPUT/llm_<mode>.png (one per mode) and "
+        "OUTPUT/llm_report.json.",
+    ),
+]
+
 
 def demo(
     devices: Annotated[
         int, typer.Option(min=1, max=256, help="Edge agents in the simulated fleet.")
     ] = 8,
-    budget: Annotated[
-        float | None,
-        typer.Option(
-            min=0.0,
-            max=1.0,
-            help="Share of requests the collaborative mode may offload (default 0.20). With "
-            "--llm --mode collaborative: the hub's share of generated tokens (default 0.30).",
-            show_default=False,
-        ),
-    ] = None,
+    budget: _Budget = None,
     score: Annotated[
         str, typer.Option(help="Uncertainty score: margin, max_probability or entropy.")
     ] = "margin",
-    deadline_ms: Annotated[
-        float | None,
-        typer.Option(
-            min=0.001,
-            help="Deadline of each request (default 250). With --llm: prefer_edge's deadline "
-            "(default: the 40th percentile of the prompts' predicted times on this device).",
-            show_default=False,
-        ),
-    ] = None,
+    deadline_ms: _DeadlineMs = None,
     broker: Annotated[
         str | None,
         typer.Option(
@@ -60,25 +86,8 @@ def demo(
         Path | None,
         typer.Option(help="Model cache (default $TANDEM_CACHE or ~/.cache/tandem)."),
     ] = None,
-    drift: Annotated[
-        bool,
-        typer.Option(
-            "--drift",
-            help="Instead: the inputs drift and one learning loop runs unattended (collect "
-            "hard examples, refine, publish, roll out); writes OUTPUT/learning_loop.png.",
-        ),
-    ] = False,
-    llm: Annotated[
-        bool,
-        typer.Option(
-            "--llm",
-            help="Instead: the language models (trained here on Python's own docs on the first "
-            "run: a few minutes, then cached) on held-out prompts, as edge_only, cloud_only and "
-            "prefer_edge (heavy turns to the hub), handoff under a budget and speculative "
-            "decoding (--mode); writes OUTPUT/llm_<mode>.png (one per mode) and "
-            "OUTPUT/llm_report.json.",
-        ),
-    ] = False,
+    drift: _Drift = False,
+    llm: _Llm = False,
     mode: Annotated[str | None, typer.Option(help=LLM_MODE_HELP, show_default=False)] = None,
     pair: Annotated[str | None, typer.Option(help=LLM_PAIR_HELP, show_default=False)] = None,
     prompts: Annotated[
@@ -109,13 +118,7 @@ def demo(
     """
     from rich.console import Console
 
-    from edge_agent import SCORES
-
-    if score not in SCORES:
-        raise typer.BadParameter(f"use one of {', '.join(SCORES)}", param_hint="--score")
-    for name, value in (("--mode", mode), ("--pair", pair)):
-        if value is not None and not llm:
-            raise typer.BadParameter("goes with --llm", param_hint=name)
+    _check_options(score, llm, mode=mode, pair=pair)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console()
     if llm:
@@ -131,6 +134,17 @@ def demo(
     tensor = dict(devices=devices, budget=budget, score=score, broker_url=broker,
                   cache_dir=cache_dir, limit=limit)  # fmt: skip
     _tensor_demo(tensor, 250.0 if deadline_ms is None else deadline_ms, output, console)
+
+
+def _check_options(score: str, llm: bool, *, mode: str | None, pair: str | None) -> None:
+    """``typer.BadParameter`` for an unknown score, or ``--mode``/``--pair`` without ``--llm``."""
+    from edge_agent import SCORES
+
+    if score not in SCORES:
+        raise typer.BadParameter(f"use one of {', '.join(SCORES)}", param_hint="--score")
+    for name, value in (("--mode", mode), ("--pair", pair)):
+        if value is not None and not llm:
+            raise typer.BadParameter("goes with --llm", param_hint=name)
 
 
 def _tensor_demo(

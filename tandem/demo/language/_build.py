@@ -37,8 +37,6 @@ def build_into(
     progress: Callable[[str, float], None],
     threads: int,
 ) -> dict[str, Any]:
-    import torch
-
     started = time.perf_counter()
     timings: dict[str, float] = {}
     targets = {"device": (recipe.device_precision, "cpu"), "hub": hub_target}
@@ -47,25 +45,8 @@ def build_into(
     with _stage("train tokenizer", "tokenizer", timings, progress):
         tokenizer = train_tokenizer(list(splits.train.values()), recipe.vocab_size)
         train_tokens = _tokens(tokenizer, splits.train)
-    threads_before = torch.get_num_threads()
-    with torch.random.fork_rng():  # leave the caller's RNG state alone
-        torch.set_num_threads(threads)
-        try:
-            with _stage("train device and hub models", "train", timings, progress) as step:
-                trained, stopped_by = train_pair(
-                    {"device": recipe.device, "hub": recipe.hub},
-                    train_tokens,
-                    vocab_size=recipe.vocab_size,
-                    context=recipe.context,
-                    steps=recipe.steps,
-                    max_seconds=recipe.max_train_seconds,
-                    seed=recipe.seed,
-                    progress=step,
-                    distill=recipe.distill_weight if recipe.distill else None,
-                    device_steps=recipe.device_steps,
-                )
-        finally:
-            torch.set_num_threads(threads_before)
+    with _stage("train device and hub models", "train", timings, progress) as step:
+        trained, stopped_by = _train(recipe, train_tokens, threads, step)
     with _stage("save checkpoints", "save", timings, progress):
         for which, result in trained.items():
             hf_dir = paths[f"{which}_hf"]
@@ -82,19 +63,9 @@ def build_into(
                 precision=precision,
                 provider=provider,
             )
-    heldout: dict[str, Any] = {}
-    speed: dict[str, Any] = {}
     eos = _eos_id(tokenizer)
     with _stage("evaluate held-out text", "evaluate", timings, progress) as step:
-        for n, which in enumerate(("device", "hub")):
-            if targets[which][1] != "cpu":
-                continue  # a CUDA export is measured where it runs, not on this CPU
-            model_dir = paths[f"{which}_model"]
-            heldout[which] = heldout_figures(
-                model_dir, splits.heldout.values(), context=recipe.context, eos_id=eos
-            )
-            speed[which] = _speed(model_dir, next(iter(splits.heldout.values())), recipe.context)
-            step((n + 1) / 2)
+        heldout, speed = _evaluate(recipe, targets, paths, splits.heldout, eos, step)
     agreement: dict[str, Any] = {}
     if recipe.distill and all(targets[w][1] == "cpu" for w in ("device", "hub")):
         with _stage("measure device/hub agreement", "agreement", timings, progress):
@@ -115,26 +86,82 @@ def build_into(
         },
         "targets": {w: {"precision": p, "provider": e} for w, (p, e) in targets.items()},
         "params": {w: r.params for w, r in trained.items()},
-        "training": {
-            "steps_planned": recipe.steps,
-            "stopped_by": stopped_by,
-            "torch_threads": threads,
-            **({"distilled": {"weight": recipe.distill_weight}} if recipe.distill else {}),
-            **{
-                w: {
-                    "steps_run": r.steps_run,
-                    "seconds": round(r.seconds, 2),
-                    "final_train_loss": round(r.final_loss, 4),
-                }
-                for w, r in trained.items()
-            },
-        },
+        "training": _training_report(recipe, trained, stopped_by, threads),
         "bytes": {w: _size(paths[f"{w}_model"]) for w in ("device", "hub")},
         "heldout": heldout,
         "greedy": speed,
         **({"agreement": agreement} if agreement else {}),
         "timings_s": timings,
         "versions": {m: _version(m) for m in _VERSIONED},
+    }
+
+
+def _train(
+    recipe: LanguageRecipe, train_tokens: np.ndarray, threads: int, step: Callable[[float], None]
+) -> tuple[dict[str, Any], str]:
+    """Both models trained on ``threads`` torch threads; the caller's RNG state and thread
+    count are left as they were."""
+    import torch
+
+    threads_before = torch.get_num_threads()
+    with torch.random.fork_rng():  # leave the caller's RNG state alone
+        torch.set_num_threads(threads)
+        try:
+            return train_pair(
+                {"device": recipe.device, "hub": recipe.hub},
+                train_tokens,
+                vocab_size=recipe.vocab_size,
+                context=recipe.context,
+                steps=recipe.steps,
+                max_seconds=recipe.max_train_seconds,
+                seed=recipe.seed,
+                progress=step,
+                distill=recipe.distill_weight if recipe.distill else None,
+                device_steps=recipe.device_steps,
+            )
+        finally:
+            torch.set_num_threads(threads_before)
+
+
+def _evaluate(
+    recipe: LanguageRecipe,
+    targets: Mapping[str, tuple[str, str]],
+    paths: Mapping[str, Path],
+    heldout_docs: Mapping[str, str],
+    eos: int,
+    step: Callable[[float], None],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Held-out figures and the greedy speed probe of each CPU export."""
+    heldout: dict[str, Any] = {}
+    speed: dict[str, Any] = {}
+    for n, which in enumerate(("device", "hub")):
+        if targets[which][1] != "cpu":
+            continue  # a CUDA export is measured where it runs, not on this CPU
+        model_dir = paths[f"{which}_model"]
+        heldout[which] = heldout_figures(
+            model_dir, heldout_docs.values(), context=recipe.context, eos_id=eos
+        )
+        speed[which] = _speed(model_dir, next(iter(heldout_docs.values())), recipe.context)
+        step((n + 1) / 2)
+    return heldout, speed
+
+
+def _training_report(
+    recipe: LanguageRecipe, trained: Mapping[str, Any], stopped_by: str, threads: int
+) -> dict[str, Any]:
+    return {
+        "steps_planned": recipe.steps,
+        "stopped_by": stopped_by,
+        "torch_threads": threads,
+        **({"distilled": {"weight": recipe.distill_weight}} if recipe.distill else {}),
+        **{
+            w: {
+                "steps_run": r.steps_run,
+                "seconds": round(r.seconds, 2),
+                "final_train_loss": round(r.final_loss, 4),
+            }
+            for w, r in trained.items()
+        },
     }
 
 
